@@ -1,0 +1,177 @@
+"""Generation backends: token ids in, generated token ids out. The rollout loop only sees the Protocol.
+
+`HFBackend` runs Hugging Face `model.generate` (batched, KV cache, CPU or CUDA). A vLLM
+backend plugs in by implementing the same `generate` method.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+from transformers import (
+    GenerationConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
+
+from ragen2.agent.types import GenerationOutput
+
+
+class GenerationBackend(Protocol):
+    """Anything that continues token-id prompts."""
+
+    def generate(
+        self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float, top_p: float
+    ) -> list[GenerationOutput]:
+        """One output per prompt, in the order of `prompts`.
+
+        `token_ids` holds only new tokens, ending with the stop token when one was produced
+        (finish_reason "stop") or after `max_new_tokens` tokens (finish_reason "length").
+        `temperature == 0` means greedy decoding.
+        """
+        ...
+
+
+class _StopOnTokens(StoppingCriteria):
+    """Stops a row when its last token is one of `token_ids` (single-token stop strings)."""
+
+    def __init__(self, token_ids: list[int]):
+        self.token_ids = torch.tensor(token_ids)
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor | None, **kwargs) -> torch.BoolTensor:
+        return torch.isin(input_ids[:, -1], self.token_ids.to(input_ids.device))  # [B]
+
+
+class HFBackend:
+    """Sampling with `model.generate` on the model's device.
+
+    Args:
+        model: a causal LM; it is put in eval mode during generation and restored after.
+        tokenizer: its tokenizer (pad id for left padding, EOS, stop strings).
+        stop_strings: generation of a row ends after any of these. A string that is one
+            token (the tiny tokenizer's `</answer>`) is matched by token id; longer ones
+            use transformers' `stop_strings` matching on text.
+        batch_size: prompts per `model.generate` call; None = all at once. Prompts are
+            sorted by length first so each batch needs little padding.
+
+    Sampling draws from torch's global RNG: call `torch.manual_seed` before a rollout to
+    repeat it (with the same batch composition; padding changes the float arithmetic).
+    The distribution is exactly softmax(logits / temperature) restricted to `top_p`:
+    top-k, repetition penalties and other defaults of a checkpoint's
+    `generation_config.json` are switched off, so a policy-gradient update sees the
+    policy that actually sampled.
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        stop_strings: tuple[str, ...] = ("</answer>",),
+        batch_size: int | None = None,
+    ):
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size={batch_size} is not allowed: use None (one batch) or an integer >= 1")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        model_eos = model.generation_config.eos_token_id
+        model_eos = [] if model_eos is None else [model_eos] if isinstance(model_eos, int) else list(model_eos)
+        self.eos_ids = sorted({tokenizer.eos_token_id, *model_eos} - {None})
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+        self.stop_ids: list[int] = []
+        self.stop_texts: list[str] = []
+        for s in stop_strings:
+            ids = tokenizer.encode(s, add_special_tokens=False)
+            if len(ids) == 1:
+                self.stop_ids.append(ids[0])
+            else:
+                self.stop_texts.append(s)
+
+    def generate(
+        self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float, top_p: float
+    ) -> list[GenerationOutput]:
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={max_new_tokens} is not allowed: use an integer >= 1")
+        if temperature < 0 or not 0 < top_p <= 1:
+            raise ValueError(f"temperature={temperature}, top_p={top_p}: need temperature >= 0 and 0 < top_p <= 1")
+        order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
+        size = self.batch_size or max(len(prompts), 1)
+        outputs: list[GenerationOutput | None] = [None] * len(prompts)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for b in range(0, len(order), size):
+                chunk = order[b : b + size]
+                for i, out in zip(chunk, self._generate_batch([prompts[i] for i in chunk], max_new_tokens, temperature, top_p)):
+                    outputs[i] = out
+        finally:
+            self.model.train(was_training)
+        return outputs
+
+    def _generate_batch(
+        self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float
+    ) -> list[GenerationOutput]:
+        width = max(len(p) for p in prompts)
+        device = self.model.device
+        # Left padding: every row's last prompt token sits at column width-1, so new tokens line up.
+        input_ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in prompts], device=device)  # [B, width]
+        attention_mask = torch.tensor(
+            [[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device
+        )  # [B, width]
+        # Every field that shapes the distribution is set, so a checkpoint's defaults cannot leak in.
+        warpers = {"temperature": temperature, "top_p": top_p, "top_k": 0, "min_p": 0.0, "typical_p": 1.0}
+        config = GenerationConfig(
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=0,
+            do_sample=temperature > 0,
+            repetition_penalty=1.0,
+            no_repeat_ngram_size=0,
+            pad_token_id=self.pad_id,
+            eos_token_id=self.eos_ids,
+            stop_strings=self.stop_texts or None,
+            **(warpers if temperature > 0 else {}),
+        )
+        criteria = StoppingCriteriaList([_StopOnTokens(self.stop_ids)] if self.stop_ids else [])
+        extra = {"tokenizer": self.tokenizer} if self.stop_texts else {}
+        out = self.model.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            generation_config=config,
+            stopping_criteria=criteria,
+            **extra,
+        )  # [B, width + new]
+        return [self._finish(row) for row in out[:, width:].tolist()]
+
+    def _finish(self, ids: list[int]) -> GenerationOutput:
+        """Cut a generated row after its first stop; rows that never stopped used the full budget."""
+        stops = set(self.eos_ids) | set(self.stop_ids)
+        cut = next((i + 1 for i, t in enumerate(ids) if t in stops), None)
+        if self.stop_texts:
+            text_cut = self._first_stop_text_end(ids if cut is None else ids[:cut])
+            cut = text_cut if text_cut is not None else cut
+        reason = "length" if cut is None else "stop"
+        ids = ids if cut is None else ids[:cut]
+        return GenerationOutput(
+            token_ids=ids, text=self.tokenizer.decode(ids, skip_special_tokens=True), finish_reason=reason
+        )
+
+    def _first_stop_text_end(self, ids: list[int]) -> int | None:
+        """Smallest n such that ids[:n] decodes to text containing a stop string (binary search)."""
+
+        def contains_stop(n: int) -> bool:
+            text = self.tokenizer.decode(ids[:n], skip_special_tokens=False)
+            return any(s in text for s in self.stop_texts)
+
+        if not contains_stop(len(ids)):
+            return None
+        lo, hi = 1, len(ids)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if contains_stop(mid):
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo

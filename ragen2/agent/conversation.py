@@ -1,0 +1,236 @@
+"""The token layout of a multi-turn episode: prompts to generate from, and the sequences to train on.
+
+One class builds it for both consumers: the rollout loop feeds it sampled token ids, the
+warm start feeds it demonstration text. Both therefore train on byte-identical layouts.
+
+Layout (full history, StarPO): the whole episode is one sequence
+
+    [system + user_1 + gen-prefix <think>] [response_1] [end-of-turn + user_2 + gen-prefix <think>] [response_2] ... [tail]
+     \______________ head (mask 0) _____/ \_ mask 1 _/ \__________________ delta_2 (mask 0) ______/  \_ mask 1 _/     mask 0
+
+and the prompt of turn k is exactly the prefix of that sequence before response_k.
+Everything that is not a model token comes from the tokenizer's chat template, so the same
+code serves ChatML (the tiny model, Qwen) and Llama-style templates. Generated tokens are
+never re-tokenised: only the environment text between responses is rendered and encoded,
+one turn at a time (no re-rendering of the whole history per turn).
+
+End-of-turn handling: the template closes every assistant message with its end-of-turn
+text (`<|im_end|>` for ChatML). When a response already ends with that token (the model
+emitted EOS) it is not repeated; when it does not (generation stopped at `</answer>` or hit
+the token cap) the end-of-turn tokens are inserted as environment tokens with mask 0, so
+the layout is the template's in both cases and the model is never trained on tokens it did
+not produce.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import pairwise
+
+from transformers import PreTrainedTokenizerBase
+
+from ragen2.agent.parsing import THINK_OPEN, reasoning_bounds
+
+# Stand-in for an assistant message when rendering the template: whatever the template
+# prints after it is the environment text that follows a response.
+_SENTINEL = "\u27e6ragen2-response\u27e7"
+
+
+def user_message(turn: int, observation: str, actions_left: int) -> str:
+    """The user message of turn `turn` (1-based): the state and the remaining action budget."""
+    return f"Turn {turn}:\nState:\n{observation}\nYou have {actions_left} actions left."
+
+
+@dataclass
+class _Turn:
+    user: str  # rendered user message
+    head_ids: list[int] | None  # system + this user message + gen-prefix <think>: a context starting here
+    delta_ids: list[int] | None  # end of the previous response's turn + this user message + gen-prefix <think>
+    response_ids: list[int] | None = None
+    response_text: str = ""
+
+
+class Conversation:
+    """Token-level state of one episode's chat.
+
+    Args:
+        tokenizer: any Hugging Face tokenizer with a chat template.
+        system_prompt: the system message (an environment's `instruction`).
+        context_turns: None shows the full history (one training sample per episode);
+            k >= 0 shows only the last k answered turns before the current one (one training
+            sample per turn, since the prompts are then no longer prefixes of each other).
+
+    Usage per turn: `add_observation`, `prompt_ids` (generate from it), `add_response`.
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, system_prompt: str, context_turns: int | None = None):
+        if context_turns is not None and context_turns < 0:
+            raise ValueError(f"context_turns={context_turns} is not allowed: use None (full history) or an integer >= 0")
+        self.tokenizer = tokenizer
+        self.system_prompt = system_prompt
+        self.context_turns = context_turns
+        self._special_ids = frozenset(tokenizer.all_special_ids)
+        self._turns: list[_Turn] = []
+
+    # ---- building ----------------------------------------------------------------------
+
+    def add_observation(self, observation: str, actions_left: int) -> None:
+        """Start the next turn with the environment's state text."""
+        if self._turns and self._turns[-1].response_ids is None:
+            raise RuntimeError("add_observation() called twice without add_response() in between")
+        user = user_message(len(self._turns) + 1, observation, actions_left)
+        # The head is needed for the first turn, and for every turn when the window slides.
+        head = None
+        if not self._turns or self.context_turns is not None:
+            head = self._encode(self._render([user], add_generation_prompt=True) + THINK_OPEN)
+        delta = None
+        if self._turns and self.context_turns != 0:
+            delta = self._encode(self._text_after_response(self._turns[-1], next_user=user))
+        self._turns.append(_Turn(user=user, head_ids=head, delta_ids=delta))
+
+    def prompt_ids(self) -> list[int]:
+        """Context for the current turn; ends with the assistant generation prefix and `<think>`."""
+        if not self._turns or self._turns[-1].response_ids is not None:
+            raise RuntimeError("prompt_ids() needs an observation without a response: call add_observation() first")
+        return self._context(len(self._turns) - 1)
+
+    def add_response(self, response_ids: list[int], response_text: str) -> None:
+        """Record what the model generated after `<think>` (token ids as sampled, and their text)."""
+        if not self._turns or self._turns[-1].response_ids is not None:
+            raise RuntimeError("add_response() needs a pending observation: call add_observation() first")
+        self._turns[-1].response_ids = list(response_ids)
+        self._turns[-1].response_text = response_text
+
+    def add_response_text(self, text: str, add_eos: bool = True) -> None:
+        """Record a demonstration response given as text (what follows the prompt's `<think>`).
+
+        The text is encoded on its own, as generation would have produced it; with
+        `add_eos` the tokenizer's EOS is appended and trained on, so the model learns to
+        end its turn. Without it the template's end-of-turn is inserted with mask 0, the
+        layout of a rollout that stopped at `</answer>`.
+        """
+        ids = self._encode(text)
+        if add_eos and self.tokenizer.eos_token_id is not None:
+            ids.append(self.tokenizer.eos_token_id)
+        self.add_response(ids, text)
+
+    # ---- reading -----------------------------------------------------------------------
+
+    def samples(self) -> list[tuple[list[int], list[int]]]:
+        """Training sequences as (input_ids, loss_mask); mask is 1 exactly on response tokens.
+
+        Full history: one sample, the whole episode closed by the template's end-of-turn
+        text after the last response. Last-k: one sample per answered turn, its prompt
+        followed by its response.
+        """
+        answered = [t for t in self._turns if t.response_ids is not None]
+        if not answered:
+            return []
+        if self.context_turns is not None:
+            out = []
+            for k, turn in enumerate(answered):
+                prompt = self._context(k)
+                out.append((prompt + turn.response_ids, [0] * len(prompt) + [1] * len(turn.response_ids)))
+            return out
+        ids, mask = list(answered[0].head_ids), [0] * len(answered[0].head_ids)
+        for prev, turn in pairwise(answered):
+            ids += prev.response_ids + turn.delta_ids
+            mask += [1] * len(prev.response_ids) + [0] * len(turn.delta_ids)
+        tail = self._encode(self._text_after_response(answered[-1], next_user=None))
+        ids += answered[-1].response_ids + tail
+        mask += [1] * len(answered[-1].response_ids) + [0] * len(tail)
+        return [(ids, mask)]
+
+    def messages(self) -> list[dict[str, str]]:
+        """The conversation as chat messages; assistant content is `<think>` + response text."""
+        out = [{"role": "system", "content": self.system_prompt}]
+        for turn in self._turns:
+            out.append({"role": "user", "content": turn.user})
+            if turn.response_ids is not None:
+                out.append({"role": "assistant", "content": THINK_OPEN + turn.response_text})
+        return out
+
+    # ---- internals ---------------------------------------------------------------------
+
+    def _context(self, k: int) -> list[int]:
+        """Prompt ids of turn k (0-based): a head, then (response, delta) pairs up to turn k."""
+        first = 0 if self.context_turns is None else max(0, k - self.context_turns)
+        ids = list(self._turns[first].head_ids)
+        for prev, turn in pairwise(self._turns[first : k + 1]):
+            ids += prev.response_ids + turn.delta_ids
+        return ids
+
+    def _render(self, users: list[str], add_generation_prompt: bool, assistant: str | None = None) -> str:
+        messages = [{"role": "system", "content": self.system_prompt}, {"role": "user", "content": users[0]}]
+        if assistant is not None:
+            messages.append({"role": "assistant", "content": assistant})
+            messages += [{"role": "user", "content": u} for u in users[1:]]
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+
+    def _text_after_response(self, turn: _Turn, next_user: str | None) -> str:
+        """Template text between `turn`'s response and the next generation (or the end).
+
+        Rendered from a two-turn conversation whose assistant message is a sentinel, so the
+        cost per turn is constant. A special token that ends the response (EOS) and also
+        starts this text is removed from it, so it is not duplicated.
+        """
+        users = [turn.user] if next_user is None else [turn.user, next_user]
+        rendered = self._render(users, add_generation_prompt=next_user is not None, assistant=_SENTINEL)
+        text = rendered[rendered.index(_SENTINEL) + len(_SENTINEL) :]
+        if next_user is not None:
+            text += THINK_OPEN
+        if turn.response_ids and turn.response_ids[-1] in self._special_ids:
+            last = self.tokenizer.decode(turn.response_ids[-1:], skip_special_tokens=False)
+            if last and text.startswith(last):
+                text = text[len(last) :]
+        return text
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+
+def reasoning_span(tokenizer: PreTrainedTokenizerBase, response_ids: list[int]) -> tuple[int, int]:
+    """[start, end) of the reasoning tokens inside `response_ids`.
+
+    The reasoning is what lies strictly between `<think>` (normally the end of the prompt,
+    or repeated at the start of the response) and the first `</think>`; (0, 0) when there
+    is no `</think>`. Tokens that touch a tag are excluded, so with tokenizers that merge
+    text across a tag boundary the span is the largest run of tokens fully inside the
+    reasoning. Whitespace-only tokens at either end are dropped, so the span is empty
+    exactly when the stripped reasoning text is.
+
+    Positions are found by decoding prefixes (a binary search, O(log n) decodes), which
+    works for any tokenizer, byte-level or SentencePiece, with or without single-token tags.
+    """
+    text = tokenizer.decode(response_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    bounds = reasoning_bounds(text)
+    if bounds is None:
+        return (0, 0)
+    char_start, char_end = bounds
+
+    def token_at(pos: int) -> int:
+        """Index of the token that produces character `pos` of `text` (an ASCII tag character)."""
+        lo, hi = 0, len(response_ids) - 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            prefix = tokenizer.decode(response_ids[: mid + 1], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            # A shorter prefix either stops before `pos` or ends in U+FFFD for a partial character.
+            if len(prefix) > pos and prefix[pos] == text[pos]:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    start = 0 if char_start == 0 else token_at(char_start - 1) + 1
+    end = max(token_at(char_end), start)  # a token spanning both tags leaves nothing between them
+
+    def blank(i: int) -> bool:
+        return not tokenizer.decode(response_ids[i : i + 1], skip_special_tokens=False).strip()
+
+    while start < end and blank(start):
+        start += 1
+    while end > start and blank(end - 1):
+        end -= 1
+    return (start, end)

@@ -1,0 +1,230 @@
+"""The multi-turn rollout loop (StarPO): P groups x G episodes played in lockstep, one generate call per turn.
+
+Each turn every unfinished episode shows its state, all their prompts go to the backend in
+one batch, each response is parsed into up to `max_actions_per_turn` actions and those are
+applied to the episode's environment. The generated token ids are kept as sampled; the
+`Conversation` of each episode turns them into training samples with loss masks.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from transformers import PreTrainedTokenizerBase
+
+from ragen2 import envs
+from ragen2.agent.backends import GenerationBackend
+from ragen2.agent.conversation import Conversation, reasoning_span
+from ragen2.agent.parsing import parse_response
+from ragen2.agent.types import Trajectory, Turn
+from ragen2.envs.base import TextEnv
+from ragen2.errors import ConfigError
+
+
+@dataclass
+class RolloutConfig:
+    """How episodes are played. Defaults are the RAGEN reference setting (5 turns x 2 actions)."""
+
+    max_turns: int = 5
+    """Turns per episode; an episode still running after this many is truncated."""
+    max_actions_per_turn: int = 2
+    """Actions executed per turn; an answer with more `||`-separated actions keeps the first ones."""
+    max_tokens_per_turn: int = 128
+    """Generation budget of one response, in tokens."""
+    format_penalty: float = -0.1
+    """Added to a turn's reward when its response is malformed or one of its actions is invalid."""
+    context_turns: int | None = None
+    """None: the prompt holds the whole history (one training sequence per episode).
+    k: only the last k turns are shown (one training sequence per turn)."""
+    temperature: float = 1.0
+    """Sampling temperature; 0 is greedy (evaluation in the reference uses 0.5)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass; 1.0 samples from the full distribution."""
+    end_on_invalid: bool = False
+    """True: a turn that got the format penalty ends the episode (as truncation). False: it goes on."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_turns", "max_actions_per_turn", "max_tokens_per_turn"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}={getattr(self, name)} is not allowed: use an integer >= 1")
+        if self.context_turns is not None and self.context_turns < 0:
+            raise ConfigError(f"context_turns={self.context_turns} is not allowed: use null (full history) or an integer >= 0")
+        if self.temperature < 0:
+            raise ConfigError(f"temperature={self.temperature} is not allowed: use 0 (greedy) or a positive number")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p={self.top_p} is not allowed: use a number in (0, 1]")
+
+
+@dataclass
+class RolloutStats:
+    """Where rollout time goes, in seconds. Accumulates when the same object is passed to several rollouts."""
+
+    total_s: float = 0.0  # wall time of rollout() calls
+    generate_s: float = 0.0  # inside backend.generate
+    env_s: float = 0.0  # inside env.reset / env.step
+    generate_calls: int = 0
+    turns: int = 0  # turns played, summed over episodes
+    response_tokens: int = 0  # tokens generated, summed over turns
+
+    @property
+    def overhead_fraction(self) -> float:
+        """Share of rollout time spent outside generation (env, parsing, prompt building)."""
+        return 1.0 - self.generate_s / self.total_s if self.total_s > 0 else 0.0
+
+
+@dataclass
+class _Episode:
+    traj: Trajectory
+    conv: Conversation
+    env: TextEnv | None = None
+    observation: str = ""
+    actions_left: int = 0
+    done: bool = False
+
+
+def group_seeds(base_seed: int, num_groups: int, group_size: int) -> tuple[list[int], list[int]]:
+    """Seeds and group ids of P x G episodes: group g is G copies of seed `base_seed + g`.
+
+    Returns two lists of length P*G, group-major ([g0, g0, ..., g1, g1, ...]). Seeds of one
+    call are consecutive, so callers keep training and evaluation apart by their base seeds.
+    """
+    if num_groups < 1 or group_size < 1:
+        raise ConfigError(f"num_groups={num_groups}, group_size={group_size}: both must be integers >= 1")
+    group_ids = [g for g in range(num_groups) for _ in range(group_size)]
+    return [base_seed + g for g in group_ids], group_ids
+
+
+def rollout(
+    backend: GenerationBackend,
+    tokenizer: PreTrainedTokenizerBase,
+    env_name: str,
+    env_kwargs: dict,
+    seeds: list[int],
+    group_ids: list[int],
+    cfg: RolloutConfig,
+    stats: RolloutStats | None = None,
+) -> list[Trajectory]:
+    """Play one episode per seed with `ragen2.envs.make(env_name, **env_kwargs)`; return them in seed order.
+
+    Rewards: each turn's reward is the sum of its env rewards plus `cfg.format_penalty` when
+    the response is malformed or an action was invalid. Actions of a turn stop at the first
+    invalid action or at the end of the episode. An environment that raises ends only its
+    own episode, with `Trajectory.error` set. Pass `stats` to get the timing breakdown.
+    """
+    if len(seeds) != len(group_ids):
+        raise ValueError(f"{len(seeds)} seeds but {len(group_ids)} group ids: pass one group id per seed")
+    stats = stats if stats is not None else RolloutStats()
+    start = time.perf_counter()
+    episodes = [_start_episode(env_name, env_kwargs, seed, gid, tokenizer, cfg, stats) for seed, gid in zip(seeds, group_ids)]
+    for turn in range(cfg.max_turns):
+        active = [e for e in episodes if not e.done]
+        if not active:
+            break
+        for e in active:
+            e.conv.add_observation(e.observation, e.actions_left)
+        prompts = [e.conv.prompt_ids() for e in active]
+        t0 = time.perf_counter()
+        outputs = backend.generate(
+            prompts, max_new_tokens=cfg.max_tokens_per_turn, temperature=cfg.temperature, top_p=cfg.top_p
+        )
+        stats.generate_s += time.perf_counter() - t0
+        stats.generate_calls += 1
+        for e, prompt, out in zip(active, prompts, outputs):
+            e.conv.add_response(out.token_ids, out.text)
+            _play_turn(e, prompt, out.token_ids, out.text, tokenizer, cfg, stats)
+            if not e.done and turn == cfg.max_turns - 1:
+                e.done = e.traj.truncated = True
+    for e in episodes:
+        e.traj.samples = e.conv.samples()
+        e.traj.episode_return = sum(t.reward for t in e.traj.turns)
+    stats.total_s += time.perf_counter() - start
+    return [e.traj for e in episodes]
+
+
+def _start_episode(
+    env_name: str, env_kwargs: dict, seed: int, group_id: int, tokenizer: PreTrainedTokenizerBase,
+    cfg: RolloutConfig, stats: RolloutStats,
+) -> _Episode:
+    traj = Trajectory(env_name=env_name, seed=seed, group_id=group_id)
+    t0 = time.perf_counter()
+    try:
+        env = envs.make(env_name, **env_kwargs)
+        observation, _ = env.reset(seed=seed)
+    except Exception as exc:  # a broken env ends its episode, not the rollout
+        traj.error = f"{type(exc).__name__}: {exc}"
+        return _Episode(traj=traj, conv=Conversation(tokenizer, "", cfg.context_turns), done=True)
+    finally:
+        stats.env_s += time.perf_counter() - t0
+    conv = Conversation(tokenizer, env.instruction, cfg.context_turns)
+    return _Episode(traj=traj, conv=conv, env=env, observation=observation, actions_left=env.max_actions)
+
+
+def _play_turn(
+    e: _Episode, prompt: list[int], response_ids: list[int], response_text: str,
+    tokenizer: PreTrainedTokenizerBase, cfg: RolloutConfig, stats: RolloutStats,
+) -> None:
+    """Apply one response's actions to the env and record the turn."""
+    parsed = parse_response(response_text, cfg.max_actions_per_turn)
+    shown = e.observation
+    reward, actions_valid = 0.0, parsed.valid
+    t0 = time.perf_counter()
+    try:
+        for action in parsed.actions:
+            e.observation, r, terminated, truncated, info = e.env.step(action)
+            reward += float(r)
+            if not info["action_is_valid"]:
+                actions_valid = False
+                break
+            e.actions_left -= 1  # invalid actions do not use the budget (the envs' contract)
+            e.traj.success = bool(info["success"])
+            if terminated or truncated:
+                e.traj.terminated, e.traj.truncated, e.done = bool(terminated), bool(truncated), True
+                break
+    except Exception as exc:
+        e.traj.error = f"{type(exc).__name__}: {exc}"
+        e.done = True
+    finally:
+        stats.env_s += time.perf_counter() - t0
+    if not actions_valid:
+        reward += cfg.format_penalty
+        if cfg.end_on_invalid and not e.done:
+            e.done = e.traj.truncated = True
+    e.traj.turns.append(
+        Turn(
+            prompt_ids=prompt,
+            response_ids=list(response_ids),
+            response_text=response_text,
+            reasoning=parsed.reasoning,
+            reasoning_span=reasoning_span(tokenizer, response_ids),
+            actions=parsed.actions,
+            format_valid=parsed.valid,
+            actions_valid=actions_valid,
+            reward=reward,
+            observation=shown,
+        )
+    )
+    stats.turns += 1
+    stats.response_tokens += len(response_ids)
+
+
+def summarize(trajectories: list[Trajectory]) -> dict[str, float]:
+    """Batch-level rollout metrics (`rollout/...`); rates over turns are over all turns of the batch.
+
+    valid_action_rate counts a turn as valid when it parsed and every action it executed
+    was accepted, so it never exceeds valid_format_rate.
+    """
+    if not trajectories:
+        raise ValueError("summarize() needs at least one trajectory")
+    n = len(trajectories)
+    turns = [t for traj in trajectories for t in traj.turns]
+    per_turn = max(len(turns), 1)  # a batch where every env failed has no turns: rates are 0
+    return {
+        "rollout/success_rate": sum(t.success for t in trajectories) / n,
+        "rollout/return_mean": sum(t.episode_return for t in trajectories) / n,
+        "rollout/turns_mean": len(turns) / n,
+        "rollout/valid_format_rate": sum(t.format_valid for t in turns) / per_turn,
+        "rollout/valid_action_rate": sum(t.actions_valid for t in turns) / per_turn,
+        "rollout/response_tokens_mean": sum(len(t.response_ids) for t in turns) / per_turn,
+        "rollout/error_rate": sum(t.error is not None for t in trajectories) / n,
+    }

@@ -1,0 +1,49 @@
+"""Typed data that flows from rollout to diagnostics, filtering and the update."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class GenerationOutput:
+    """What a generation backend returns for one prompt."""
+
+    token_ids: list[int]  # generated tokens only, stop token included when one was produced
+    text: str  # decoded token_ids (special tokens skipped)
+    finish_reason: str  # "stop" (stop string or EOS) or "length" (hit the token cap)
+    logprobs: list[float] | None = None  # per generated token, after temperature, when the backend gives them
+
+
+@dataclass
+class Turn:
+    """One agent turn: the context shown, what the model generated, what the env did."""
+
+    prompt_ids: list[int]  # context the model saw; ends with the assistant prefix "<think>"
+    response_ids: list[int]  # tokens the model generated this turn (never re-tokenised)
+    response_text: str
+    reasoning: str  # text strictly between <think> and </think> ("" when missing)
+    reasoning_span: tuple[int, int]  # [start, end) token indices of the reasoning inside response_ids
+    actions: list[str]  # parsed actions, at most agent.max_actions_per_turn
+    format_valid: bool  # the response parsed as <think>..</think><answer>..</answer>
+    actions_valid: bool  # every action was accepted by the env
+    reward: float  # env rewards of this turn's actions plus any format penalty
+    observation: str  # the state text shown in this turn's prompt
+
+
+@dataclass
+class Trajectory:
+    """One episode of one environment instance, and the token sequence it trains on."""
+
+    env_name: str
+    seed: int
+    group_id: int  # trajectories with the same group_id share the env seed (GRPO groups)
+    turns: list[Turn] = field(default_factory=list)
+    # Training samples: one per trajectory in full-history mode, one per turn otherwise.
+    # Each is (input_ids, loss_mask) with loss_mask 1 on model tokens, 0 on prompt/env tokens.
+    samples: list[tuple[list[int], list[int]]] = field(default_factory=list)
+    episode_return: float = 0.0
+    success: bool = False
+    terminated: bool = False
+    truncated: bool = False
+    error: str | None = None  # set when the env raised; the episode ended there

@@ -1,0 +1,167 @@
+"""The `ragen2` command line: train | eval | warmstart | report | diagnose.
+
+Library code never prints; this module is the only place that talks to the terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from ragen2.errors import Ragen2Error
+
+TRAIN_EPILOG = """\
+examples:
+  ragen2 train                                  # built-in default: tiny policy on Sokoban
+  ragen2 train frozenlake-ppo trainer.total_steps=50
+  ragen2 train sokoban model.path=Qwen/Qwen2.5-0.5B-Instruct model.device=cuda
+  ragen2 train --resume runs/sokoban-grpo-20261130-120000
+  ragen2 train --list-keys                      # every config key with default and help
+"""
+
+
+def _config_help() -> str:
+    from ragen2.config import describe
+
+    lines = ["config keys (set as key=value):"]
+    for key, default, help_text in describe():
+        lines.append(f"  {key} = {default}\n      {help_text}")
+    return "\n".join(lines)
+
+
+def cmd_warmstart(args: argparse.Namespace) -> int:
+    from ragen2.models.warmstart import warmstart
+
+    path = warmstart(out_dir=Path(args.out) if args.out else None, seed=args.seed, force=args.force)
+    print(f"tiny policy ready: {path}")
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from ragen2.evaluate import evaluate_cli
+
+    result = evaluate_cli(
+        model=args.model,
+        env_name=args.env,
+        episodes=args.episodes,
+        temperature=args.temperature,
+        device=args.device,
+        overrides=args.overrides,
+        out=Path(args.out) if args.out else None,
+        compare_random=not args.no_random,
+    )
+    print(result["table"])
+    print(f"wrote {result['json_path']}")
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from ragen2.config import config_from_file, load_config
+    from ragen2.rl.trainer import train
+
+    if args.list_keys:
+        print(_config_help())
+        return 0
+    if args.resume:
+        run_dir = Path(args.resume)
+        if not (run_dir / "config.yaml").exists():
+            raise Ragen2Error(f"--resume {run_dir}: no config.yaml there; is it a ragen2 run directory?")
+        if args.preset or args.overrides:
+            raise Ragen2Error("--resume continues a run with its saved config; do not pass a preset or overrides")
+        config = config_from_file(run_dir / "config.yaml")
+    else:
+        preset = args.preset
+        overrides = list(args.overrides)
+        if preset and "=" in preset:  # `ragen2 train a.b=c` with no preset
+            overrides.insert(0, preset)
+            preset = None
+        config = load_config(preset, overrides)
+    summary = train(config, resume_dir=Path(args.resume) if args.resume else None)
+    print(summary)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from ragen2.report import write_report
+
+    html = write_report(Path(args.run_dir))
+    print(f"wrote {html}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ragen2",
+        description="Multi-turn RL for LLM agents with reasoning-collapse diagnostics and SNR-aware filtering.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="Debug logging.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser(
+        "train",
+        help="Run multi-turn RL (default: tiny policy on Sokoban).",
+        description="Run multi-turn RL. PRESET is ENV or ENV-ALGO (e.g. frozenlake-ppo); "
+        "then any number of key=value overrides.",
+        epilog=TRAIN_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("preset", nargs="?", help="ENV, ENV-ALGO or a path to a YAML file.")
+    p.add_argument("overrides", nargs="*", help="Dotted overrides, e.g. algo.name=ppo filter.value=0.9.")
+    p.add_argument("--resume", metavar="RUN_DIR", help="Continue a run from its last checkpoint.")
+    p.add_argument("--list-keys", action="store_true", help="Print every config key with its default and help.")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser(
+        "eval",
+        help="Evaluate a policy on held-out seeds.",
+        description="Success rate, mean return, mean turns and valid-format rate on held-out seeds; "
+        "prints a table (with a uniform-random agent for comparison) and writes JSON.",
+    )
+    p.add_argument("model", help="Model directory or hub name; 'tiny' = the built-in warm-started policy.")
+    p.add_argument("--env", default="sokoban", help="Environment name (default: sokoban).")
+    p.add_argument("--episodes", type=int, default=200, help="Held-out episodes (default: 200).")
+    p.add_argument("--temperature", type=float, default=0.5, help="Sampling temperature (default: 0.5).")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda (default: auto).")
+    p.add_argument("--out", help="JSON output path (default: eval-<env>.json).")
+    p.add_argument("--no-random", action="store_true", help="Skip the uniform-random baseline.")
+    p.add_argument("overrides", nargs="*", help="Config overrides, e.g. env.kwargs.size=6 rollout.max_turns=5.")
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser(
+        "warmstart",
+        help="Build the tiny built-in policy (tokenizer + Qwen2 model + SFT on solver demos).",
+        description="Build and cache the tiny policy: byte-level BPE tokenizer with a chat template, a small "
+        "Qwen2 model, fine-tuned on solver demonstrations. Reused when already cached.",
+    )
+    p.add_argument("--out", help="Output directory (default: the cache, $RAGEN2_CACHE or ~/.cache/ragen2).")
+    p.add_argument("--seed", type=int, default=0, help="Seed (default: 0).")
+    p.add_argument("--force", action="store_true", help="Rebuild even when cached.")
+    p.set_defaults(func=cmd_warmstart)
+
+    p = sub.add_parser("report", help="Write PNG figures and report.html for a run directory.")
+    p.add_argument("run_dir", help="A run directory written by `ragen2 train`.")
+    p.set_defaults(func=cmd_report)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    try:
+        return args.func(args)
+    except Ragen2Error as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

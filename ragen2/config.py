@@ -1,0 +1,390 @@
+"""The configuration tree, declared once.
+
+Every key is a dataclass field with a help text. YAML presets (shipped under
+`ragen2/configs/`) and `a.b=c` command-line overrides feed it; `load_config`
+validates everything before any work starts: an unknown key names its full
+dotted path and the closest valid keys, a bad value names the allowed values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from omegaconf import OmegaConf
+
+from ragen2.errors import ConfigError, did_you_mean
+
+
+def _f(default: Any, help: str, **kw: Any) -> Any:
+    """A dataclass field with a help string (shown by `--help` and docs/config.md)."""
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help}, **kw)
+    return field(default=default, metadata={"help": help}, **kw)
+
+
+@dataclass
+class ModelConfig:
+    path: str | None = _f(
+        None,
+        "Policy: a local Hugging Face model directory or a hub name. null = the built-in tiny "
+        "policy, warm-started on first use and cached.",
+    )
+    device: str = _f("auto", "auto | cpu | cuda | cuda:N. auto picks cuda when available.")
+    dtype: Literal["float32", "bfloat16", "float16"] = _f(
+        "float32", "Weights' dtype for training and generation."
+    )
+    lora_rank: int = _f(0, "LoRA rank through peft; 0 trains all weights.")
+    lora_alpha: int = _f(32, "LoRA alpha (scaling = alpha / rank).")
+    lora_target_modules: list[str] = _f(
+        ["q_proj", "k_proj", "v_proj", "o_proj"], "Module names LoRA adapts."
+    )
+    gradient_checkpointing: bool = _f(False, "Trade compute for activation memory (large models).")
+
+
+@dataclass
+class EnvConfig:
+    name: str = _f("sokoban", "Environment name in the registry (see `ragen2.envs.names()`).")
+    kwargs: dict[str, Any] = _f({}, "Keyword arguments for the environment constructor.")
+
+
+@dataclass
+class RolloutConfig:
+    num_groups: int = _f(8, "P: distinct environment seeds (prompts) per step. Reference: 8.")
+    group_size: int = _f(8, "G: rollouts per seed. Reference: 16; smaller on CPU.")
+    max_turns: int = _f(5, "Turns per episode. Reference: 5.")
+    max_actions_per_turn: int = _f(2, "Actions per answer, separated by `||`. Reference: 2.")
+    max_tokens_per_turn: int = _f(96, "Cap on generated tokens per turn.")
+    format_penalty: float = _f(-0.1, "Reward added to a malformed turn or one with an invalid action.")
+    context_turns: int | None = _f(None, "Turns of history shown; null = the full history.")
+    end_on_invalid: bool = _f(False, "End the episode at the first malformed turn.")
+    temperature: float = _f(1.0, "Sampling temperature during training rollouts. Reference: 1.0.")
+    top_p: float = _f(1.0, "Nucleus sampling threshold.")
+
+
+@dataclass
+class AlgoConfig:
+    name: Literal["ppo", "grpo", "drgrpo", "dapo", "rloo", "reinforce_pp"] = _f(
+        "grpo", "Algorithm: advantage estimator and its loss defaults (docs/algorithms.md)."
+    )
+    clip_low: float = _f(0.2, "PPO clip epsilon below 1 (ratio >= 1 - clip_low).")
+    clip_high: float = _f(0.28, "PPO clip epsilon above 1: clip-higher (DAPO). Reference: 0.28.")
+    kl_coef: float = _f(0.0, "KL penalty to the frozen reference policy; 0 turns it off (reference).")
+    kl_estimator: Literal["k1", "k2", "k3", "low_var_kl"] = _f("k3", "KL estimator (Schulman).")
+    entropy_coef: float = _f(0.001, "Token-entropy bonus coefficient. Reference: 0.001.")
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] | None = _f(
+        None, "Loss aggregation; null = the algorithm's default."
+    )
+    gamma: float = _f(1.0, "Discount (PPO/GAE, REINFORCE++). Reference: 1.0.")
+    lam: float = _f(1.0, "GAE lambda. Reference: 1.0.")
+    ppo_epochs: int = _f(1, "Passes over each batch.")
+    mini_batch_size: int = _f(32, "Sequences per optimizer step. Reference: 32.")
+    micro_batch_size: int = _f(8, "Sequences per forward/backward (gradient accumulation).")
+    critic_lr: float = _f(1e-4, "Critic learning rate (PPO). Reference (3B): 1e-5.")
+    value_clip: float = _f(0.2, "Value-loss clip range (PPO).")
+    task_advantage_scale: float = _f(
+        1.0, "Multiplies the task advantage; 0 gives regulariser-only updates (mechanism study)."
+    )
+
+
+@dataclass
+class OptimConfig:
+    lr: float = _f(1e-4, "Actor learning rate. Reference (3B): 1e-6; the tiny policy needs more.")
+    betas: list[float] = _f([0.9, 0.999], "Adam betas.")
+    weight_decay: float = _f(0.0, "AdamW weight decay.")
+    warmup_steps: int = _f(0, "Linear learning-rate warm-up steps.")
+    schedule: Literal["constant", "linear", "cosine"] = _f("constant", "Schedule after warm-up.")
+    grad_clip: float = _f(1.0, "Max global gradient norm; 0 disables clipping.")
+
+
+@dataclass
+class TrainerConfig:
+    total_steps: int = _f(30, "RL iterations. Reference: up to 400.")
+    seed: int = _f(0, "Seed for environments, sampling and initialisation.")
+    run_dir: str | None = _f(None, "Run directory; null = runs/<env>-<algo>-<time>.")
+    eval_every: int = _f(10, "Held-out evaluation every N steps (and at the end); 0 disables.")
+    eval_episodes: int = _f(64, "Held-out episodes per evaluation. Reference: 512.")
+    eval_temperature: float = _f(0.5, "Evaluation sampling temperature. Reference: 0.5.")
+    save_every: int = _f(10, "Checkpoint every N steps (and at the end); 0 = only at the end.")
+    max_skipped_steps: int = _f(5, "Stop after this many consecutive skipped (empty) steps.")
+
+
+@dataclass
+class CollapseConfig:
+    enable: bool = _f(True, "Compute the MI proxies during training.")
+    compute_freq: int = _f(5, "Compute at step 1 and every N steps. Reference: 5.")
+    num_samples: int = _f(64, "Pairs per sampling scheme. Reference: 64.")
+    micro_batch_size: int = _f(32, "Reasonings scored per forward pass.")
+
+
+@dataclass
+class FilterConfig:
+    strategy: Literal["top_p", "top_p_softmax", "top_k", "min_p", "none"] = _f(
+        "top_p", "Group selection rule (SPEC §6). Paper main setting: top_p."
+    )
+    value: float = _f(0.9, "rho: keep rate / threshold of the strategy. Paper: 0.9.")
+    metric: Literal["reward_variance", "reward_std", "mean_reward", "length", "entropy"] = _f(
+        "reward_variance", "Score each group is ranked by."
+    )
+    include_zero: bool = _f(False, "Keep zero-variance groups. Paper main setting: false.")
+    eps: float = _f(0.01, "Scores <= eps count as zero.")
+    ddof: int = _f(1, "Delta degrees of freedom of the reward variance.")
+    order: Literal["largest", "smallest"] = _f("largest", "Keep the highest (or, ablation, lowest) scores.")
+    loss_scale: Literal["none", "linear", "sqrt"] = _f("none", "Scale the loss by the kept ratio.")
+
+
+@dataclass
+class GradSNRConfig:
+    enable: bool = _f(False, "Measure task / KL / entropy gradient norms per RV bucket.")
+    freq: int = _f(10, "Probe every N steps.")
+    num_buckets: int = _f(6, "RV quantile buckets. Paper: 6.")
+
+
+@dataclass
+class LoggingConfig:
+    tensorboard: bool = _f(True, "Write TensorBoard event files.")
+    wandb: bool = _f(False, "Log to Weights & Biases (when installed).")
+    wandb_project: str = _f("ragen2", "W&B project name.")
+    progress: bool = _f(True, "Show a live progress bar.")
+    sample_trajectories: int = _f(4, "Trajectories written to rollouts/step_N.jsonl at each evaluation.")
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    collapse: CollapseConfig = field(default_factory=CollapseConfig)
+    filter: FilterConfig = field(default_factory=FilterConfig)
+    grad_snr: GradSNRConfig = field(default_factory=GradSNRConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+
+# ----------------------------------------------------------------------------- building
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _check_value(path: str, value: Any, tp: Any) -> Any:
+    """Return `value` converted to type `tp`, or raise ConfigError naming `path`."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _check_value(path, value, arg)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if len(errors) == 1 else f"{path}: {value!r} fits none of {tp}")
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(
+                f"{path}={value!r} is not allowed; allowed values: {', '.join(map(repr, args))}."
+                + did_you_mean(str(value), [str(a) for a in args])
+            )
+        return value
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{path}={value!r} must be a list")
+        return [_check_value(f"{path}[{i}]", v, args[0]) for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}={value!r} must be a mapping")
+        return dict(value)
+    if tp is Any:
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{path}={value!r} must be true or false")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{path}={value!r} must be an integer")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{path}={value!r} must be a number")
+        return float(value)
+    if tp is str:
+        if value is None:
+            raise ConfigError(f"{path} must be a string, got null")
+        return str(value)
+    raise TypeError(f"unsupported config type {tp} at {path}")
+
+
+def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
+    hints = _hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if key not in hints:
+            valid = [f"{prefix}{n}" for n in names]
+            raise ConfigError(f"unknown config key {path!r}." + did_you_mean(path, all_keys() or valid))
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{path} is a section; set its keys, e.g. {path}.{dataclasses.fields(tp)[0].name}=...")
+            kwargs[key] = _build(tp, value, f"{path}.")
+        else:
+            kwargs[key] = _check_value(path, value, tp)
+    return cls(**kwargs)
+
+
+def all_keys(cls: type = Config, prefix: str = "") -> list[str]:
+    """Every dotted key of the tree, e.g. 'algo.clip_high'."""
+    keys = []
+    for f in dataclasses.fields(cls):
+        tp = _hints(cls)[f.name]
+        if dataclasses.is_dataclass(tp):
+            keys += all_keys(tp, f"{prefix}{f.name}.")
+        else:
+            keys.append(f"{prefix}{f.name}")
+    return keys
+
+
+def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(dotted key, default as YAML, help) for every key: feeds --help and docs/config.md."""
+    rows = []
+    default = cls()
+    for f in dataclasses.fields(cls):
+        tp = _hints(cls)[f.name]
+        value = getattr(default, f.name)
+        if dataclasses.is_dataclass(tp):
+            rows += describe(tp, f"{prefix}{f.name}.")
+        else:
+            shown = yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+            rows.append((f"{prefix}{f.name}", shown, f.metadata.get("help", "")))
+    return rows
+
+
+# ----------------------------------------------------------------------------- presets
+
+
+def _preset_dir() -> Path:
+    return Path(str(resources.files("ragen2") / "configs"))
+
+
+def preset_names() -> list[str]:
+    """Presets are `ENV` or `ENV-ALGO` (e.g. `frozenlake-ppo`) plus any file in configs/."""
+    d = _preset_dir()
+    envs = sorted(p.stem for p in (d / "envs").glob("*.yaml"))
+    algos = sorted(p.stem for p in (d / "algos").glob("*.yaml"))
+    extra = sorted(p.stem for p in d.glob("*.yaml"))
+    return extra + envs + [f"{e}-{a}" for e in envs for a in algos]
+
+
+def _load_yaml(path: Path) -> dict[str, Any]:
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a config file must be a mapping of keys")
+    return data
+
+
+def preset_layers(name: str) -> list[dict[str, Any]]:
+    """The YAML layers a preset name stands for, lowest priority first."""
+    d = _preset_dir()
+    if (d / f"{name}.yaml").exists():
+        return [_load_yaml(d / f"{name}.yaml")]
+    env, _, algo = name.partition("-")
+    layers = []
+    if (d / "envs" / f"{env}.yaml").exists() and (not algo or (d / "algos" / f"{algo}.yaml").exists()):
+        layers.append(_load_yaml(d / "envs" / f"{env}.yaml"))
+        if algo:
+            layers.append(_load_yaml(d / "algos" / f"{algo}.yaml"))
+        return layers
+    path = Path(name)
+    if path.suffix in (".yaml", ".yml") and path.exists():
+        return [_load_yaml(path)]
+    raise ConfigError(
+        f"unknown preset {name!r}; presets: {', '.join(preset_names())} (or a path to a .yaml file)."
+        + did_you_mean(name, preset_names())
+    )
+
+
+def load_config(preset: str | None = None, overrides: list[str] | None = None) -> Config:
+    """Defaults <- preset layers <- `a.b=c` overrides, validated into a `Config`."""
+    layers = [OmegaConf.create(layer) for layer in (preset_layers(preset) if preset else [])]
+    for item in overrides or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r} must look like key=value, e.g. algo.name=ppo")
+        if key == "env":  # `env=frozenlake` is shorthand for env.name=frozenlake
+            item = f"env.name={value}"
+        layers.append(OmegaConf.from_dotlist([item]))
+    merged = OmegaConf.to_container(OmegaConf.merge(*layers), resolve=True) if layers else {}
+    config = _build(Config, merged, "")
+    validate(config)
+    return config
+
+
+def validate(config: Config) -> None:
+    """Refuse settings that cannot work, with the reason, before any work starts."""
+    from ragen2 import envs
+
+    if config.env.name not in envs.names():
+        raise ConfigError(
+            f"env.name={config.env.name!r} is not a registered environment; valid: {', '.join(envs.names())}."
+            + did_you_mean(config.env.name, envs.names())
+        )
+    r, a = config.rollout, config.algo
+    for key, value in [
+        ("rollout.num_groups", r.num_groups),
+        ("rollout.group_size", r.group_size),
+        ("rollout.max_turns", r.max_turns),
+        ("rollout.max_actions_per_turn", r.max_actions_per_turn),
+        ("rollout.max_tokens_per_turn", r.max_tokens_per_turn),
+        ("algo.ppo_epochs", a.ppo_epochs),
+        ("algo.mini_batch_size", a.mini_batch_size),
+        ("algo.micro_batch_size", a.micro_batch_size),
+        ("trainer.total_steps", config.trainer.total_steps),
+    ]:
+        if value < 1:
+            raise ConfigError(f"{key}={value} must be at least 1")
+    if a.name in ("grpo", "drgrpo", "dapo", "rloo") and r.group_size < 2:
+        raise ConfigError(
+            f"algo.name={a.name} needs rollout.group_size >= 2 (its baseline is the group mean); "
+            f"got {r.group_size}. Use algo.name=ppo or reinforce_pp for single rollouts."
+        )
+    if config.filter.strategy != "none" and config.filter.metric in ("reward_variance", "reward_std") and r.group_size < 2:
+        raise ConfigError(
+            f"filter.metric={config.filter.metric} needs rollout.group_size >= 2; "
+            "set filter.strategy=none or a larger group."
+        )
+    if r.temperature < 0 or config.trainer.eval_temperature < 0:
+        raise ConfigError("rollout.temperature and trainer.eval_temperature must be >= 0")
+    if not 0 < r.top_p <= 1:
+        raise ConfigError(f"rollout.top_p={r.top_p} must be in (0, 1]")
+    if r.context_turns is not None and r.context_turns < 1:
+        raise ConfigError(f"rollout.context_turns={r.context_turns} must be null (full history) or >= 1")
+    if a.clip_low < 0 or a.clip_high < 0:
+        raise ConfigError("algo.clip_low and algo.clip_high must be >= 0")
+
+
+def to_dict(config: Config) -> dict[str, Any]:
+    return dataclasses.asdict(config)
+
+
+def save_config(config: Config, path: Path) -> None:
+    path.write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+
+
+def config_from_file(path: Path) -> Config:
+    """Re-load a resolved config.yaml written by `save_config` (for --resume and eval)."""
+    config = _build(Config, _load_yaml(path), "")
+    validate(config)
+    return config

@@ -1,0 +1,40 @@
+"""The text-environment contract: Gymnasium's API with strings for observations and actions."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+import gymnasium as gym
+
+
+class TextEnv(gym.Env, ABC):
+    """Base of every ragen2 environment.
+
+    One `step` takes ONE action string (the agent layer splits an answer on `||`
+    and calls `step` once per action). An action the env cannot use never raises:
+    `info["action_is_valid"]` is False, the state is unchanged, the reward is 0;
+    the agent layer applies the format penalty.
+
+    Subclasses set:
+      instruction       -- system text for the agent: the task, the action syntax, the rewards.
+      max_actions       -- episode length in actions; reaching it is truncation.
+      info_keys         -- the keys every `step` info dict carries (a test checks it).
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+    instruction: ClassVar[str] = ""
+    info_keys: ClassVar[frozenset[str]] = frozenset({"action_is_valid", "success"})
+    max_actions: int = 10
+
+    @abstractmethod
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
+        """Start an episode. The same seed always gives the same episode."""
+
+    @abstractmethod
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+        """Apply one action text; returns (obs_text, reward, terminated, truncated, info)."""
+
+    def solve(self) -> list[str] | None:
+        """A shortest action list from the current state, or None when the env has no solver."""
+        return None

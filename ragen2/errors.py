@@ -1,0 +1,35 @@
+"""Named exceptions for bad input. Each message holds the offending value and how to fix it."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class Ragen2Error(Exception):
+    """Base class of every error ragen2 raises on bad user input."""
+
+
+class ConfigError(Ragen2Error, ValueError):
+    """A config key is unknown, or a value is not allowed."""
+
+
+class UnknownNameError(Ragen2Error, KeyError):
+    """A name picked from a registry (environment, algorithm, strategy) does not exist."""
+
+    def __str__(self) -> str:  # KeyError would quote the message otherwise
+        return str(self.args[0])
+
+
+class CheckpointError(Ragen2Error, RuntimeError):
+    """A checkpoint is missing, incomplete or unreadable."""
+
+
+class RolloutFormatError(Ragen2Error, ValueError):
+    """A rollout record file has malformed lines."""
+
+
+def did_you_mean(name: str, choices: Iterable[str], n: int = 3) -> str:
+    """Return ' Did you mean: a, b?' for the closest choices, or '' when none is close."""
+    close = difflib.get_close_matches(name, list(choices), n=n, cutoff=0.5)
+    return f" Did you mean: {', '.join(close)}?" if close else ""

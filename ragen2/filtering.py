@@ -1,0 +1,340 @@
+"""SNR-aware filtering: choose the prompt groups a training step learns from.
+
+Why (RAGEN-2, "The SNR mechanism" and "SNR-Aware Filtering"): with group-relative
+advantages A_g = R_g - mean(R), the task gradient of a prompt x is bounded by
+
+    ||g_task(x)|| <= sqrt(RV(x)) * sqrt(E[||grad log pi||^2 | x]),
+
+where RV(x) is the variance of the G returns of x's group, while the KL and entropy
+gradients do not depend on RV at all. A low-RV group's update is therefore mostly
+regulariser, which is the same for every input and pushes reasoning toward
+input-agnostic templates. Filtering trains only on the groups that carry signal.
+
+Per step, on rewards [P, G] (P groups of G episodes that share a prompt and seed):
+
+    1. score every group (default: its reward variance, ddof=1);
+    2. with include_zero=False, drop the groups whose RV <= eps; they are never kept;
+    3. rank the remaining groups (the candidates) by score, ties in group order, and keep
+       the prefix of that ranking whose length the strategy decides.
+
+Whole groups are kept, so group baselines (GRPO mean, RLOO leave-one-out) stay intact.
+The formulas, a worked example and the logged metrics are in docs/filtering.md.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from numbers import Real
+
+import numpy as np
+
+from ragen2.errors import ConfigError, UnknownNameError, did_you_mean
+from ragen2.registry import Registry
+
+# A strategy gets the candidates' scores in ranked order (best first) and returns how many
+# of them to keep. `largest` is False for order="smallest", where "best" means lowest.
+Strategy = Callable[[np.ndarray, float, bool], int]
+STRATEGIES: Registry[Strategy] = Registry("filter strategy")
+
+REWARD_METRICS = ("reward_variance", "reward_std", "mean_reward")
+MEASURED_METRICS = ("length", "entropy")  # per-group numbers the rewards do not contain
+METRICS = REWARD_METRICS + MEASURED_METRICS
+ORDERS = ("largest", "smallest")
+LOSS_SCALE_MODES = ("none", "linear", "sqrt")
+
+# Linear mass and ratio-to-the-best rules only make sense for non-negative scores.
+_NON_NEGATIVE_STRATEGIES = ("top_p", "min_p")
+
+
+def select_groups(
+    rewards: np.ndarray,
+    strategy: str = "top_p",
+    value: float = 0.9,
+    metric: str = "reward_variance",
+    include_zero: bool = True,
+    eps: float = 0.01,
+    ddof: int = 1,
+    order: str = "largest",
+    scores: np.ndarray | None = None,
+) -> np.ndarray:
+    """Indices of the groups to train on: int64 [K], sorted ascending, 0 <= K <= P.
+
+    rewards:      float [P, G], episode returns; row i holds group i's G episodes.
+    strategy:     how many ranked candidates to keep:
+                  top_p          smallest prefix whose score sum >= value * candidates' sum
+                                 (the paper's rule, value = keep rate rho, main setting 0.9);
+                  top_p_softmax  smallest prefix whose softmax(score) mass >= value;
+                  top_k          floor(value * n_candidates) groups, at least 1;
+                  min_p          groups with score >= value * best score;
+                  none           every candidate.
+    value:        the strategy's parameter rho, in [0, 1] ((0, 1] for top_k); ignored by
+                  none. 0.9 is the paper's keep rate.
+    metric:       the score: reward_variance (default), reward_std (what the reference
+                  code ranks by), mean_reward, or length / entropy from `scores`.
+    include_zero: False drops groups with reward variance <= eps before ranking (the
+                  paper's main setting; the default True drops nothing). The test is on
+                  RV whatever the metric, so it always means "no learning signal" and
+                  matches rollout/frac_zero_variance.
+    eps:          tolerance of that test (reference: 0.01).
+    ddof:         delta degrees of freedom of the variance (1: unbiased, the paper's).
+    order:        "largest" keeps the highest scores; "smallest" walks the same rule up
+                  from the lowest scores (ablation).
+    scores:       float [P] or [P, G] (averaged over G); required by length / entropy.
+
+    The strategy sees only the candidates: totals, maxima and the count P in its rule are
+    over groups not dropped by include_zero. Every strategy except `none` keeps at least
+    one candidate, and the kept set is always a prefix of the stable ranking. When no
+    candidate is left the result is empty and the trainer skips the step. When every
+    candidate scores 0, top_p and min_p keep them all: there is nothing to rank by, and
+    dropping the batch is what include_zero=False is for.
+    """
+    rewards = _check_rewards(rewards)
+    keep_count = STRATEGIES.get(strategy)
+    value = _check_value(strategy, value)
+    _check_choice("filter order", order, ORDERS)
+    if not (isinstance(eps, Real) and eps >= 0):
+        raise ConfigError(f"filter eps {eps!r} must be a number >= 0 (reference: 0.01).")
+
+    score = group_scores(rewards, metric, ddof, scores)  # [P]
+    candidates = np.arange(len(score))
+    if not include_zero:
+        rv = _reward_variance(rewards, ddof, needed_by="include_zero=False")
+        candidates = candidates[rv > eps]
+    if candidates.size == 0:
+        return np.empty(0, dtype=np.int64)
+
+    cand_score = score[candidates]  # [C]
+    if strategy in _NON_NEGATIVE_STRATEGIES and (cand_score < 0).any():
+        worst = int(np.argmin(cand_score))
+        raise ConfigError(
+            f"filter strategy {strategy!r} needs non-negative scores, but metric {metric!r} "
+            f"gives group {candidates[worst]} the score {cand_score[worst]:.4g}. Use strategy "
+            "'top_k' or 'top_p_softmax', or a non-negative metric (reward_variance, reward_std)."
+        )
+    largest = order == "largest"
+    # Stable sort: equal scores keep group order, so ties at the cut are deterministic.
+    rank = np.argsort(-cand_score if largest else cand_score, kind="stable")  # [C]
+    k = keep_count(cand_score[rank], value, largest)
+    return np.sort(candidates[rank[:k]]).astype(np.int64)
+
+
+def group_scores(
+    rewards: np.ndarray,
+    metric: str = "reward_variance",
+    ddof: int = 1,
+    scores: np.ndarray | None = None,
+) -> np.ndarray:
+    """The per-group score `select_groups` ranks by: float [P].
+
+    rewards: float [P, G]. scores: float [P] or [P, G], only for the measured metrics
+    (length, entropy), which the caller computes from the trajectories.
+    """
+    rewards = _check_rewards(rewards)
+    _check_choice("filter metric", metric, METRICS, error=UnknownNameError)
+    if metric in MEASURED_METRICS:
+        return _check_scores(scores, metric, rewards.shape)
+    if scores is not None:
+        raise ConfigError(
+            f"scores= is only used by the metrics {', '.join(MEASURED_METRICS)}; metric "
+            f"{metric!r} is computed from the rewards. Drop scores= or pick one of those."
+        )
+    if metric == "mean_reward":
+        return rewards.mean(axis=1)
+    rv = _reward_variance(rewards, ddof, needed_by=f"metric {metric!r}")
+    return rv if metric == "reward_variance" else np.sqrt(rv)
+
+
+def group_stats(rewards: np.ndarray, ddof: int = 1, eps: float = 0.01) -> dict[str, float]:
+    """Reward-variance statistics of a batch, logged as rollout/<key>.
+
+    rewards: float [P, G]. Returns
+      rv_mean             mean over groups of RV_i;
+      rv_std_over_mean    std over groups of RV_i (population, ddof=0) / rv_mean, 0 when
+                          rv_mean is 0. RAGEN-2 uses this spread as a cheap predictor of the
+                          gain from filtering: when every group has the same RV, ranking by
+                          RV has nothing to choose between;
+      frac_zero_variance  fraction of groups with RV_i <= eps (the groups that
+                          include_zero=False drops).
+    """
+    rv = _reward_variance(_check_rewards(rewards), ddof, needed_by="group_stats")
+    mean = float(rv.mean())
+    return {
+        "rv_mean": mean,
+        "rv_std_over_mean": float(rv.std()) / mean if mean > 0 else 0.0,
+        "frac_zero_variance": float(np.mean(rv <= eps)),
+    }
+
+
+def loss_scale(kept: int, total: int, mode: str) -> float:
+    """Factor the policy loss is multiplied by after keeping `kept` of `total` groups.
+
+    The loss is averaged over the kept groups (RAGEN-2), so each kept episode weighs
+    total/kept times what it would without filtering: a step on a 10% subset is as large
+    as a step on the whole batch, but its gradient is noisier. With r = kept / total:
+      none    1       the paper's setting: the mean over kept groups as is;
+      linear  r       restores the unfiltered per-episode weight (the same as averaging
+                      over all P groups with the dropped ones contributing zero);
+      sqrt    sqrt(r) holds the step's noise at the unfiltered level: the mean over n
+                      groups has noise ~ 1/sqrt(n), so the kept mean is 1/sqrt(r) noisier.
+    The factor is at most 1; it is 0 for linear / sqrt when nothing is kept.
+    """
+    _check_choice("loss scale mode", mode, LOSS_SCALE_MODES)
+    if not (isinstance(total, int | np.integer) and total >= 1):
+        raise ConfigError(
+            f"loss_scale total {total!r} must be an integer >= 1 (the number of groups)."
+        )
+    if not (isinstance(kept, int | np.integer) and 0 <= kept <= total):
+        raise ConfigError(f"loss_scale kept {kept!r} must be an integer in [0, total={total}].")
+    ratio = kept / total
+    if mode == "linear":
+        return float(ratio)
+    if mode == "sqrt":
+        return math.sqrt(ratio)
+    return 1.0
+
+
+# ----------------------------------------------------------------------------- strategies
+
+
+@STRATEGIES.register("top_p")
+def _top_p(ranked: np.ndarray, value: float, largest: bool) -> int:
+    """The paper's rule: keep the smallest prefix holding `value` of the total score."""
+    if ranked.max() == 0:  # no signal to rank by: keep every candidate (see select_groups)
+        return len(ranked)
+    return _smallest_prefix_with_mass(ranked, value)
+
+
+@STRATEGIES.register("top_p_softmax")
+def _top_p_softmax(ranked: np.ndarray, value: float, largest: bool) -> int:
+    """Nucleus-style: smallest prefix whose softmax probability sums to `value`.
+
+    Softmax is shift- but not scale-invariant: variances of 0/1 rewards lie in [0, 0.3],
+    where softmax is close to uniform and this behaves like top_k(value).
+    """
+    logits = ranked if largest else -ranked  # ranked order puts the largest logit first
+    prob = np.exp(logits - logits.max())
+    return _smallest_prefix_with_mass(prob / prob.sum(), value)
+
+
+@STRATEGIES.register("top_k")
+def _top_k(ranked: np.ndarray, value: float, largest: bool) -> int:
+    # + 1e-9: 0.29 * 100 == 28.999999999999996 in floats, and must keep 29 groups.
+    return max(1, math.floor(value * len(ranked) + 1e-9))
+
+
+@STRATEGIES.register("min_p")
+def _min_p(ranked: np.ndarray, value: float, largest: bool) -> int:
+    """Keep score >= value * best; for order="smallest", score <= best / value."""
+    best = ranked[0]
+    keep = ranked >= value * best if largest else value * ranked <= best
+    return int(np.count_nonzero(keep))
+
+
+@STRATEGIES.register("none")
+def _keep_all(ranked: np.ndarray, value: float, largest: bool) -> int:
+    return len(ranked)
+
+
+def _smallest_prefix_with_mass(mass: np.ndarray, value: float) -> int:
+    """Smallest k >= 1 with sum(mass[:k]) >= value * sum(mass), for mass >= 0.
+
+    Tested as "the mass left after k is at most (1 - value) of the total": the same
+    condition, but exact at value = 1 (nothing positive is left), where a running prefix
+    sum can stop growing before it reaches scores tiny next to the total.
+    """
+    suffix = np.cumsum(mass[::-1])[::-1]  # [C], suffix[i] = sum(mass[i:])
+    left_after = np.append(suffix[1:], 0.0)  # [C], mass left when the first i + 1 are kept
+    return int(np.argmax(left_after <= (1.0 - value) * suffix[0])) + 1
+
+
+# ----------------------------------------------------------------------------- checks
+
+_VALUE_MEANING = {
+    "top_p": "the keep rate rho, the fraction of the total score kept (paper: 0.9)",
+    "top_p_softmax": "the softmax probability mass kept",
+    "top_k": "the fraction of groups kept (0.25 keeps the top quarter)",
+    "min_p": "the fraction of the best score a group needs",
+}
+
+
+def _check_value(strategy: str, value: float) -> float:
+    if strategy == "none":  # keeps everything; value has no meaning there
+        return 1.0
+    low_open = strategy == "top_k"  # keeping 0% of the groups is not a top_k setting
+    in_range = isinstance(value, Real) and not isinstance(value, bool) and (
+        0 < value <= 1 if low_open else 0 <= value <= 1
+    )
+    if not in_range:
+        bounds = "(0, 1]" if low_open else "[0, 1]"
+        raise ConfigError(
+            f"filter value {value!r} is out of range for strategy {strategy!r}: it is "
+            f"{_VALUE_MEANING[strategy]} and must be in {bounds}."
+        )
+    return float(value)
+
+
+def _check_choice(
+    kind: str, name: str, valid: Sequence[str], error: type[Exception] = ConfigError
+) -> None:
+    if name not in valid:
+        raise error(
+            f"unknown {kind} {name!r}; valid: {', '.join(valid)}." + did_you_mean(name, valid)
+        )
+
+
+def _check_rewards(rewards: np.ndarray) -> np.ndarray:
+    rewards = np.asarray(rewards, dtype=np.float64)
+    if rewards.ndim != 2 or rewards.shape[0] == 0 or rewards.shape[1] == 0:
+        raise ConfigError(
+            f"rewards must be a non-empty float array [P groups, G episodes]; got shape "
+            f"{rewards.shape}. Reshape flat returns with rewards.reshape(P, G)."
+        )
+    bad = np.argwhere(~np.isfinite(rewards))
+    if len(bad):
+        i, j = bad[0]
+        raise ConfigError(
+            f"rewards[{i}, {j}] is {rewards[i, j]} (group {i}, episode {j}); every return "
+            "must be finite. Fix the reward, or drop the group before filtering."
+        )
+    return rewards
+
+
+def _check_scores(scores: np.ndarray | None, metric: str, shape: tuple[int, int]) -> np.ndarray:
+    if scores is None:
+        raise ConfigError(
+            f"metric {metric!r} ranks groups by a per-group number the rewards do not "
+            f"contain; pass scores= as an array [P] or [P, G] (P={shape[0]}, G={shape[1]})."
+        )
+    scores = np.asarray(scores, dtype=np.float64)
+    if scores.shape not in ((shape[0],), shape):
+        raise ConfigError(
+            f"scores for metric {metric!r} has shape {scores.shape}; expected "
+            f"({shape[0]},) or {shape} to match rewards."
+        )
+    if not np.isfinite(scores).all():
+        raise ConfigError(
+            f"scores for metric {metric!r} contain NaN or inf; every score must be finite."
+        )
+    return scores.mean(axis=1) if scores.ndim == 2 else scores
+
+
+def _reward_variance(rewards: np.ndarray, ddof: int, needed_by: str) -> np.ndarray:
+    """RV_i, the variance of group i's G returns: float [P]."""
+    num_episodes = rewards.shape[1]
+    if num_episodes < 2:
+        raise ConfigError(
+            f"{needed_by} needs the reward variance of each group, which needs at least 2 "
+            f"episodes per group; rewards has shape {rewards.shape} (G={num_episodes}). "
+            "Roll out G >= 2 episodes per group."
+        )
+    if not (isinstance(ddof, int | np.integer) and 0 <= ddof < num_episodes):
+        raise ConfigError(
+            f"ddof {ddof!r} must be an integer in [0, G-1={num_episodes - 1}] "
+            "(1: unbiased variance, the paper's setting)."
+        )
+    rv = rewards.var(axis=1, ddof=ddof)
+    # Equal returns can leave ~1e-33 through the rounded mean ([0.1, 0.1, 0.1] does):
+    # make them exactly 0, so an all-zero batch is recognised as having no signal.
+    rv[(rewards == rewards[:, :1]).all(axis=1)] = 0.0
+    return rv

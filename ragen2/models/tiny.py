@@ -1,0 +1,83 @@
+"""Build the tiny default policy: a byte-level BPE tokenizer with a chat template, and a small Qwen2 model.
+
+Both are ordinary Hugging Face objects, so every code path that runs on them (generation,
+scoring, training, saving) is the one a user runs with Qwen2.5 or Llama on a GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+# Qwen-style turn markers; the reasoning tags are single tokens so reasoning spans are exact.
+PAD, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+SPECIAL_TOKENS = [PAD, IM_START, IM_END]
+TAG_TOKENS = ["<think>", "</think>", "<answer>", "</answer>"]
+
+# ChatML, as used by Qwen2/2.5: the same layout a user's real model sees.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def build_tokenizer(corpus: Iterable[str], vocab_size: int = 1024) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE tokenizer on `corpus` and give it a ChatML chat template.
+
+    Byte-level means any text (a user's typo, a unicode box symbol) still encodes.
+    """
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer=trainer)
+    # Ordinary (non-special) tokens: decoding keeps them, so parsed text round-trips.
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TAG_TOKENS])
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token=IM_END,
+        pad_token=PAD,
+        additional_special_tokens=[IM_START],
+    )
+    hf.chat_template = CHAT_TEMPLATE
+    return hf
+
+
+def build_model(
+    tokenizer: PreTrainedTokenizerFast,
+    hidden_size: int = 128,
+    num_layers: int = 4,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int = 384,
+    max_position_embeddings: int = 4096,
+    seed: int = 0,
+) -> Qwen2ForCausalLM:
+    """A randomly initialised Qwen2 model sized for a 2-core CPU (a few million parameters)."""
+    import torch
+
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(config)

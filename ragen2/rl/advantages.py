@@ -1,0 +1,229 @@
+"""Advantage estimators as pure tensor functions.
+
+Layout shared by every function here: a batch of B training sequences padded to
+length T. ``response_mask [B, T]`` is 1 on tokens the model generated (the ones
+trained) and 0 on prompt tokens, environment tokens between turns and padding.
+A whole multi-turn trajectory is one sequence, so model tokens come in several
+runs separated by environment tokens.
+
+Outcome estimators (GRPO, Dr.GRPO, RLOO) map one episode return per sequence to
+one advantage per sequence, ``[B] -> [B]``; ``broadcast_to_tokens`` spreads it
+over the model tokens. Token estimators (GAE, REINFORCE++) return ``[B, T]``.
+
+Advantages are targets, not something to differentiate: compute them from
+detached rollout tensors (or under ``torch.no_grad()``). No function here reads
+a config object.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ragen2.rl.losses import _check_same_shape, masked_whiten
+
+__all__ = [
+    "broadcast_to_tokens",
+    "drgrpo_advantages",
+    "gae_advantages",
+    "grpo_advantages",
+    "place_terminal_reward",
+    "reinforce_pp_advantages",
+    "rloo_advantages",
+]
+
+
+def _check_batch(returns: Tensor, group_ids: Tensor) -> None:
+    if returns.ndim != 1 or group_ids.shape != returns.shape:
+        raise ValueError(
+            f"expected returns [B] and group_ids [B], got {tuple(returns.shape)} and "
+            f"{tuple(group_ids.shape)}; pass one episode return and one group id per sequence."
+        )
+
+
+def place_terminal_reward(returns: Tensor, response_mask: Tensor) -> Tensor:
+    """Put each episode return on the last model token of its sequence.
+
+    returns: [B] float; response_mask: [B, T] -> token_rewards [B, T], zero
+    everywhere except the last position where ``response_mask`` is 1. This is
+    the token-reward layout GAE and REINFORCE++ expect for outcome rewards. A
+    sequence with no model token has nowhere to carry its return: its row is 0.
+    """
+    if returns.ndim != 1 or response_mask.ndim != 2 or response_mask.shape[0] != returns.shape[0]:
+        raise ValueError(
+            f"expected returns [B] and response_mask [B, T], got {tuple(returns.shape)} and "
+            f"{tuple(response_mask.shape)}."
+        )
+    valid = response_mask > 0
+    positions = torch.arange(valid.shape[1], device=valid.device)
+    last = torch.where(valid, positions, -1).amax(dim=1)  # [B], -1 when the row is empty
+    rewards = torch.zeros(valid.shape, dtype=returns.dtype, device=returns.device)
+    carried = torch.where(last >= 0, returns, 0.0)
+    return rewards.scatter_(1, last.clamp_min(0)[:, None], carried[:, None])
+
+
+def broadcast_to_tokens(advantages: Tensor, response_mask: Tensor) -> Tensor:
+    """Give every model token of a sequence that sequence's advantage.
+
+    advantages: [B]; response_mask: [B, T] -> [B, T], 0 on masked-out tokens.
+    """
+    if advantages.ndim != 1 or response_mask.ndim != 2 or response_mask.shape[0] != advantages.shape[0]:
+        raise ValueError(
+            f"expected advantages [B] and response_mask [B, T], got {tuple(advantages.shape)} and "
+            f"{tuple(response_mask.shape)}."
+        )
+    return torch.where(response_mask > 0, advantages[:, None], 0.0).to(advantages.dtype)
+
+
+def _group_sums(values: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-sequence group statistics without a Python loop over groups.
+
+    values: [B]; group_ids: [B] any integers -> (size of each sequence's group
+    [B], sum of ``values`` over each sequence's group [B]).
+    """
+    _, index = torch.unique(group_ids, return_inverse=True)  # [B] in 0..K-1
+    num_groups = int(index.max()) + 1 if index.numel() else 0
+    sizes = torch.zeros(num_groups, dtype=values.dtype, device=values.device).index_add_(
+        0, index, torch.ones_like(values)
+    )
+    sums = torch.zeros(num_groups, dtype=values.dtype, device=values.device).index_add_(0, index, values)
+    return sizes[index], sums[index]
+
+
+def grpo_advantages(
+    returns: Tensor, group_ids: Tensor, scale_by_std: bool = True, eps: float = 1e-6
+) -> Tensor:
+    """Group-relative advantages: A_i = (R_i - mean_g) / (std_g + eps).
+
+    GRPO, Shao et al. 2024 (DeepSeekMath, arXiv 2402.03300, sec. 4.1.2, outcome
+    supervision). returns: [B] episode returns; group_ids: [B] ints, equal for
+    sequences that share a prompt / env seed (any values, any order, groups may
+    differ in size) -> advantages [B].
+
+    std_g is the unbiased (n - 1) sample standard deviation, as ``torch.std``
+    in verl's ``compute_grpo_outcome_advantage``. ``scale_by_std=False`` drops
+    the division (Dr.GRPO, see ``drgrpo_advantages``). A group whose returns are
+    all equal gets 0 for every member. A group of one has no baseline: its
+    advantage is 0 (verl passes the raw return through instead, which puts that
+    sequence on a different scale from the rest of the batch).
+    """
+    _check_batch(returns, group_ids)
+    size, total = _group_sums(returns, group_ids)
+    mean = total / size
+    centered = returns - mean
+    if scale_by_std:
+        _, sq_sum = _group_sums(centered**2, group_ids)
+        std = torch.sqrt(sq_sum / (size - 1).clamp_min(1.0))
+        centered = centered / (std + eps)
+    return torch.where(size > 1, centered, 0.0)
+
+
+def drgrpo_advantages(returns: Tensor, group_ids: Tensor) -> Tensor:
+    """Dr.GRPO advantages: A_i = R_i - mean_g, no division by the group std.
+
+    Liu et al. 2025, "Understanding R1-Zero-Like Training" (arXiv 2503.20783):
+    dividing by std up-weights groups whose returns barely vary (too easy or too
+    hard prompts). returns, group_ids: [B] -> [B]. Pair with the
+    ``seq-mean-token-sum`` aggregation, the other half of the Dr.GRPO fix.
+    """
+    return grpo_advantages(returns, group_ids, scale_by_std=False)
+
+
+def rloo_advantages(returns: Tensor, group_ids: Tensor) -> Tensor:
+    """Leave-one-out advantages: A_i = R_i - mean of the other G - 1 returns of the group.
+
+    RLOO, Ahmadian et al. 2024, "Back to Basics" (arXiv 2402.14740); Kool et
+    al. 2019. returns, group_ids: [B] -> [B]. The baseline excludes R_i, so the
+    gradient estimate stays unbiased; algebraically A_i = G / (G - 1) *
+    (R_i - mean_g). A group of one has no other member: its advantage is 0.
+    """
+    _check_batch(returns, group_ids)
+    size, total = _group_sums(returns, group_ids)
+    leave_one_out = (total - returns) / (size - 1).clamp_min(1.0)
+    return torch.where(size > 1, returns - leave_one_out, 0.0)
+
+
+def _gae_over_model_tokens(
+    token_rewards: Tensor, values: Tensor, valid: Tensor, gamma: float, lam: float
+) -> Tensor:
+    """Raw GAE where the time axis is the sequence of model tokens only.
+
+    token_rewards, values: [B, T]; valid: [B, T] bool -> advantages [B, T], 0
+    where ``valid`` is False. At an environment token neither the running
+    advantage nor the "next value" changes, so token t's successor is the next
+    model token, possibly in the next turn. Rewards and values at masked-out
+    positions are never read.
+    """
+    batch, length = token_rewards.shape
+    advantages = torch.zeros_like(token_rewards)
+    next_value = token_rewards.new_zeros(batch)  # V of the next model token; 0 after the last
+    running = token_rewards.new_zeros(batch)
+    for t in reversed(range(length)):  # a backward recursion: T steps, vectorised over B
+        is_model = valid[:, t]
+        delta = token_rewards[:, t] + gamma * next_value - values[:, t]
+        running = torch.where(is_model, delta + gamma * lam * running, running)
+        next_value = torch.where(is_model, values[:, t], next_value)
+        advantages[:, t] = torch.where(is_model, running, 0.0)
+    return advantages
+
+
+def gae_advantages(
+    token_rewards: Tensor,
+    values: Tensor,
+    response_mask: Tensor,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    whiten: bool = True,
+) -> tuple[Tensor, Tensor]:
+    """Generalised advantage estimation over the model tokens of multi-turn sequences.
+
+    Schulman et al. 2016 (arXiv 1506.02438). token_rewards, values,
+    response_mask: [B, T] -> (advantages [B, T], returns [B, T]), both 0 on
+    masked-out tokens.
+
+        delta_t = r_t + gamma * V(next model token) - V_t
+        A_t     = delta_t + gamma * lam * A_(next model token)
+
+    Environment tokens are not actions, so they are not time steps: the chain
+    skips them and the value after a turn's last token is the value of the next
+    turn's first token (the same convention as verl's multi-turn GAE). After
+    the last model token the value is 0: a sequence is a whole episode, and
+    truncated episodes are not bootstrapped, as in the reference. Rewards and
+    values on masked-out tokens are ignored, so put rewards on model tokens
+    (``place_terminal_reward``). ``returns = A + V`` (before whitening) are the
+    critic's targets. ``whiten=True`` normalises advantages over all valid
+    tokens of the batch (verl's default). Defaults gamma = lam = 1 are the RAGEN
+    reference settings.
+    """
+    _check_same_shape(token_rewards=token_rewards, values=values, response_mask=response_mask)
+    valid = response_mask > 0
+    advantages = _gae_over_model_tokens(token_rewards, values, valid, gamma, lam)
+    returns = torch.where(valid, advantages + values, 0.0)
+    if whiten:
+        advantages = torch.where(valid, masked_whiten(advantages, response_mask), 0.0)
+    return advantages, returns
+
+
+def reinforce_pp_advantages(rewards: Tensor, response_mask: Tensor, gamma: float = 1.0) -> Tensor:
+    """REINFORCE++ advantages: discounted return-to-go, whitened over the batch.
+
+    Hu 2025, "REINFORCE++" (arXiv 2501.03262). rewards: [B] episode returns
+    (placed on each sequence's last model token) or [B, T] token rewards;
+    response_mask: [B, T] -> advantages [B, T], 0 on masked-out tokens.
+
+    The return-to-go runs over model tokens only, like ``gae_advantages``
+    (it is GAE with V = 0 and lam = 1), so earlier turns see the rewards of
+    later turns; verl's version restarts the sum at every masked-out token,
+    which in a multi-turn sequence would cut each turn off from the final
+    reward. Whitening uses every valid token of the batch, so the baseline
+    is the batch's token-weighted mean return rather than a per-prompt one;
+    long sequences weigh more in that mean.
+    """
+    token_rewards = place_terminal_reward(rewards, response_mask) if rewards.ndim == 1 else rewards
+    _check_same_shape(token_rewards=token_rewards, response_mask=response_mask)
+    valid = response_mask > 0
+    # With V = 0 and lam = 1, the GAE recursion is exactly the discounted return-to-go.
+    returns_to_go = _gae_over_model_tokens(
+        token_rewards, torch.zeros_like(token_rewards), valid, gamma, 1.0
+    )
+    return torch.where(valid, masked_whiten(returns_to_go, response_mask), 0.0)

@@ -1,0 +1,491 @@
+"""SNR-aware filtering: worked examples by hand, edge cases, properties, pinned errors."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import hypothesis.extra.numpy as hnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ragen2.errors import ConfigError, UnknownNameError
+from ragen2.filtering import (
+    METRICS,
+    ORDERS,
+    STRATEGIES,
+    group_scores,
+    group_stats,
+    loss_scale,
+    select_groups,
+)
+
+# The worked example of docs/filtering.md: 6 groups x 4 episodes.
+# Reward variances (ddof=1):
+#   g0 [0, 0, 0, 0]    0
+#   g1 [0, 0, 0, 1]    mean 0.25, squared deviations 3*0.0625 + 0.5625 = 0.75 -> 0.75/3 = 0.25
+#   g2 [0, 0, 1, 1]    mean 0.5,  4*0.25 = 1                               -> 1/3
+#   g3 [1, 1, 1, 1]    0
+#   g4 [0, 2, 0, 2]    mean 1,    4*1 = 4                                  -> 4/3
+#   g5 [0, 0, 0, 0.1]  mean 0.025, 3*0.000625 + 0.005625 = 0.0075          -> 0.0025
+# Total 23.03/12 = 1.919166...; ranked: g4 1.3333, g2 0.3333, g1 0.25, g5 0.0025, g0 0, g3 0.
+WORKED = np.array(
+    [
+        [0, 0, 0, 0],
+        [0, 0, 0, 1],
+        [0, 0, 1, 1],
+        [1, 1, 1, 1],
+        [0, 2, 0, 2],
+        [0, 0, 0, 0.1],
+    ]
+)
+WORKED_RV = [0.0, 0.25, 1 / 3, 0.0, 4 / 3, 0.0025]
+
+
+def kept(rewards, **kwargs) -> list[int]:
+    out = select_groups(rewards, **kwargs)
+    assert out.dtype == np.int64
+    assert list(out) == sorted(out)
+    return out.tolist()
+
+
+# ----------------------------------------------------------------------------- worked examples
+
+
+def test_worked_example_scores():
+    np.testing.assert_allclose(group_scores(WORKED), WORKED_RV, rtol=1e-12)
+    np.testing.assert_allclose(group_scores(WORKED, "reward_std"), np.sqrt(WORKED_RV), rtol=1e-12)
+    np.testing.assert_allclose(group_scores(WORKED, "mean_reward"), [0, 0.25, 0.5, 1, 1, 0.025])
+    rv_ddof0 = np.array(WORKED_RV) * 3 / 4
+    np.testing.assert_allclose(group_scores(WORKED, ddof=0), rv_ddof0, rtol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("value", "include_zero", "expected"),
+    [
+        # tau = 0.9 * 1.91917 = 1.72725; cumulative 1.3333, 1.6667, 1.9167 -> 3 groups.
+        (0.9, True, [1, 2, 4]),
+        # Candidates g1, g2, g4: tau = 0.9 * 1.91667 = 1.725; same three.
+        (0.9, False, [1, 2, 4]),
+        # tau = 0.5 * 1.91917 = 0.9596 <= 1.3333: g4 alone.
+        (0.5, True, [4]),
+        # tau = 0.7 * 1.91917 = 1.3434 > 1.3333: g4 then g2.
+        (0.7, True, [2, 4]),
+        # value 1: every group with a positive score, g5 included, the zeros not.
+        (1.0, True, [1, 2, 4, 5]),
+        # value 0: the smallest non-empty prefix, the top group.
+        (0.0, True, [4]),
+    ],
+)
+def test_top_p_worked(value, include_zero, expected):
+    assert kept(WORKED, strategy="top_p", value=value, include_zero=include_zero) == expected
+
+
+def test_top_p_softmax_worked():
+    # exp(RV): g0 1, g1 1.28403, g2 1.39561, g3 1, g4 3.79367, g5 1.00250; sum 9.47581.
+    # probabilities ranked: g4 .40035, g2 .14728, g1 .13551, g5 .10580, g0 .10553, g3 .10553;
+    # cumulative .40035, .54763, .68314, .78894, .89447, 1.
+    assert kept(WORKED, strategy="top_p_softmax", value=0.5) == [2, 4]
+    assert kept(WORKED, strategy="top_p_softmax", value=0.75) == [1, 2, 4, 5]
+    # Near-uniform softmax over small variances: 0.9 keeps the whole batch.
+    assert kept(WORKED, strategy="top_p_softmax", value=0.9) == [0, 1, 2, 3, 4, 5]
+    # Candidates g1, g2, g4: exp 1.28403, 1.39561, 3.79367, sum 6.47331 -> g4 .58605 >= 0.5.
+    assert kept(WORKED, strategy="top_p_softmax", value=0.5, include_zero=False) == [4]
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (0.5, [1, 2, 4]),  # floor(0.5 * 6) = 3
+        (0.34, [2, 4]),  # floor(2.04) = 2
+        (0.1, [4]),  # floor(0.6) = 0 -> at least 1
+        (1.0, [0, 1, 2, 3, 4, 5]),
+    ],
+)
+def test_top_k_worked(value, expected):
+    assert kept(WORKED, strategy="top_k", value=value) == expected
+
+
+def test_min_p_worked():
+    # best 4/3: 0.2 * 4/3 = 0.2667 keeps g2 (0.3333), g4; 0.18 * 4/3 = 0.24 also keeps g1 (0.25).
+    assert kept(WORKED, strategy="min_p", value=0.2) == [2, 4]
+    assert kept(WORKED, strategy="min_p", value=0.18) == [1, 2, 4]
+    assert kept(WORKED, strategy="min_p", value=1.0) == [4]
+    assert kept(WORKED, strategy="min_p", value=0.0) == [0, 1, 2, 3, 4, 5]
+
+
+def test_none_keeps_every_candidate():
+    assert kept(WORKED, strategy="none") == [0, 1, 2, 3, 4, 5]
+    assert kept(WORKED, strategy="none", include_zero=False) == [1, 2, 4]
+
+
+def test_include_zero_false_drops_low_variance_groups():
+    # RV <= eps = 0.01: g0, g3 (0) and g5 (0.0025). top_k then ranks 3 candidates: floor(1.5) = 1.
+    assert kept(WORKED, strategy="top_k", value=0.5, include_zero=False) == [4]
+    assert kept(WORKED, strategy="top_k", value=1.0, include_zero=False, eps=0.0) == [1, 2, 4, 5]
+
+
+def test_include_zero_tests_variance_whatever_the_metric():
+    # g5 has std 0.05 > eps but RV 0.0025 <= eps: it is a zero-variance group and is dropped.
+    assert kept(WORKED, strategy="none", metric="reward_std", include_zero=False) == [1, 2, 4]
+    # mean_reward ranks g3 (mean 1, RV 0) first unless zero-variance groups are dropped.
+    by_mean = {"strategy": "top_k", "value": 0.2, "metric": "mean_reward"}
+    assert kept(WORKED, **by_mean) == [3]
+    assert kept(WORKED, **by_mean, include_zero=False) == [4]
+
+
+def test_top_p_total_counts_only_candidates():
+    # eps=0.3 leaves g2 (1/3) and g4 (4/3): tau = 0.75 * 5/3 = 1.25 <= 4/3, so g4 alone.
+    assert kept(WORKED, strategy="top_p", value=0.75, include_zero=False, eps=0.3) == [4]
+    # Over all groups tau = 0.75 * 1.91917 = 1.4394 > 4/3, so g2 is needed too.
+    assert kept(WORKED, strategy="top_p", value=0.75, include_zero=True, eps=0.3) == [2, 4]
+
+
+def test_order_smallest_keeps_lowest_scores():
+    # Ascending, ties in group order: g0 0, g3 0, g5 0.0025, g1 0.25, g2 0.3333, g4 1.3333.
+    assert kept(WORKED, strategy="top_k", value=0.5, order="smallest") == [0, 3, 5]
+    # Candidates ascending: g1, g2, g4.
+    bottom = {"value": 0.5, "order": "smallest", "include_zero": False}
+    assert kept(WORKED, strategy="top_k", **bottom) == [1]
+    # min_p mirrored: score <= best / value = 0.25 / 0.5 = 0.5 keeps g1, g2.
+    assert kept(WORKED, strategy="min_p", **bottom) == [1, 2]
+    # Linear top_p from the bottom: tau = 0.5 * 5.75/3 = 0.9583; 0.25, 0.5833, then g4.
+    assert kept(WORKED, strategy="top_p", **bottom) == [1, 2, 4]
+    # softmax(-RV) over g1, g2, g4: exp(-.25) .77880, exp(-1/3) .71653, exp(-4/3) .26360,
+    # sum 1.75893 -> .44277, .40737, .14987; 0.5 needs g1 and g2.
+    assert kept(WORKED, strategy="top_p_softmax", **bottom) == [1, 2]
+
+
+# ----------------------------------------------------------------------------- edge cases
+
+TIES = np.array(
+    [
+        [0, 0, 0, 1],  # g0 0.25
+        [0, 0, 1, 1],  # g1 1/3
+        [1, 0, 0, 0],  # g2 0.25, the same variance as g0
+        [1, 1, 1, 1],  # g3 0
+    ]
+)
+
+
+def test_ties_broken_by_group_index():
+    # top_k 0.5 keeps 2: g1, then g0 before g2.
+    assert kept(TIES, strategy="top_k", value=0.5) == [0, 1]
+    # tau = 0.6 * 5/6 = 0.5; g1 1/3, + g0 = 0.5833 >= 0.5.
+    assert kept(TIES, strategy="top_p", value=0.6) == [0, 1]
+    # Ascending: g3, then g0 before g2.
+    assert kept(TIES, strategy="top_k", value=0.5, order="smallest") == [0, 3]
+    # Swapping g0 and g2 swaps nothing in the scores, so the lower index still wins.
+    assert kept(TIES[[2, 1, 0, 3]], strategy="top_k", value=0.5) == [0, 1]
+
+
+def test_all_zero_variance():
+    rewards = np.ones((4, 3))
+    # No signal to rank by: top_p and min_p keep every candidate rather than an arbitrary one.
+    assert kept(rewards, strategy="top_p", value=0.9) == [0, 1, 2, 3]
+    assert kept(rewards, strategy="min_p", value=0.9) == [0, 1, 2, 3]
+    # Uniform softmax, 0.25 per group: 0.5 needs two; top_k takes the first by index.
+    assert kept(rewards, strategy="top_p_softmax", value=0.5) == [0, 1]
+    assert kept(rewards, strategy="top_k", value=0.5) == [0, 1]
+    # The paper's setting drops every group: empty, and the trainer skips the step.
+    for strategy in STRATEGIES:
+        out = select_groups(rewards, strategy=strategy, value=0.5, include_zero=False)
+        assert out.dtype == np.int64 and out.shape == (0,)
+
+
+def test_equal_returns_have_exactly_zero_variance():
+    # numpy alone gives 2.9e-34 for [0.1, 0.1, 0.1]; that must still read as "no signal".
+    rewards = np.full((3, 3), 0.1)
+    assert group_scores(rewards).tolist() == [0.0, 0.0, 0.0]
+    assert kept(rewards, strategy="top_p", value=0.5) == [0, 1, 2]
+    assert kept(np.array([[0.1, 0.1, 0.1], [0.0, 0.0, 1.0]]), strategy="top_p", value=1.0) == [1]
+
+
+def test_single_group():
+    assert kept(np.array([[0.0, 1.0]]), strategy="top_p", value=0.9) == [0]
+    assert kept(np.array([[0.0, 1.0]]), strategy="top_k", value=0.1) == [0]
+    assert kept(np.array([[1.0, 1.0]]), strategy="top_p") == [0]
+    assert kept(np.array([[1.0, 1.0]]), strategy="top_p", include_zero=False) == []
+
+
+def test_one_episode_per_group_works_without_variance():
+    rewards = np.array([[0.2], [0.9], [0.5]])
+    assert kept(rewards, strategy="top_k", value=0.34, metric="mean_reward") == [1]
+    lengths = [10, 30, 20]
+    assert kept(rewards, strategy="min_p", value=0.5, metric="length", scores=lengths) == [1, 2]
+
+
+def test_top_k_rounding():
+    # 100 groups with distinct variances, group i's RV increasing with i.
+    rewards = np.stack([np.zeros(100), np.linspace(0.1, 10.0, 100)], axis=1)
+    # 0.29 * 100 == 28.999999999999996 in floats; the rule means 29.
+    assert len(select_groups(rewards, strategy="top_k", value=0.29)) == 29
+    assert select_groups(rewards, strategy="top_k", value=0.29).tolist() == list(range(71, 100))
+    assert len(select_groups(rewards, strategy="top_k", value=0.999)) == 99
+    assert len(select_groups(rewards, strategy="top_k", value=0.001)) == 1
+    assert len(select_groups(rewards[:5], strategy="top_k", value=0.5)) == 2
+
+
+def test_measured_metrics_use_scores():
+    lengths = np.array([[10, 20], [50, 70], [5, 5]])  # [P, G], averaged to 15, 60, 5
+    rewards = np.array([[0.0, 1.0], [0.0, 0.0], [1.0, 0.0]])
+    np.testing.assert_allclose(group_scores(rewards, "length", scores=lengths), [15, 60, 5])
+    assert kept(rewards, strategy="top_k", value=0.34, metric="length", scores=lengths) == [1]
+    entropy = [0.3, 0.1, 0.2]
+    assert kept(rewards, strategy="top_k", value=0.34, metric="entropy", scores=entropy) == [0]
+    # The zero-variance test still uses the rewards: g1 (RV 0) goes first.
+    by_length = {"strategy": "top_k", "value": 0.5, "metric": "length", "scores": lengths}
+    assert kept(rewards, **by_length, include_zero=False) == [0]
+
+
+def test_negative_scores_allowed_where_the_rule_is_defined():
+    rewards = np.array([[-1.0, -0.5], [-0.1, -0.2], [-2.0, -3.0]])  # means -0.75, -0.15, -2.5
+    assert kept(rewards, strategy="top_k", value=0.34, metric="mean_reward") == [1]
+    assert kept(rewards, strategy="top_p_softmax", value=0.5, metric="mean_reward") == [1]
+    lowest = {"strategy": "top_k", "value": 0.34, "metric": "mean_reward", "order": "smallest"}
+    assert kept(rewards, **lowest) == [2]
+
+
+def test_slow_reference_for_scores_and_stats():
+    rng = np.random.default_rng(0)
+    rewards = rng.normal(size=(7, 5)).round(2)
+    rewards[3] = 0.5  # one zero-variance group
+    rv = [statistics.variance(row) for row in rewards.tolist()]
+    np.testing.assert_allclose(group_scores(rewards), rv, rtol=1e-12)
+    pv = [statistics.pvariance(row) for row in rewards.tolist()]
+    np.testing.assert_allclose(group_scores(rewards, ddof=0), pv, rtol=1e-12)
+    stats = group_stats(rewards)
+    assert stats["rv_mean"] == pytest.approx(statistics.fmean(rv))
+    assert stats["rv_std_over_mean"] == pytest.approx(statistics.pstdev(rv) / statistics.fmean(rv))
+    assert stats["frac_zero_variance"] == pytest.approx(1 / 7)
+
+
+def test_group_stats_worked_and_all_zero():
+    stats = group_stats(WORKED)
+    assert stats["rv_mean"] == pytest.approx(23.03 / 12 / 6)
+    spread = statistics.pstdev(WORKED_RV) / statistics.fmean(WORKED_RV)  # 1.47610
+    assert stats["rv_std_over_mean"] == pytest.approx(spread)
+    assert stats["frac_zero_variance"] == 0.5  # g0, g3, g5
+    flat = {"rv_mean": 0.0, "rv_std_over_mean": 0.0, "frac_zero_variance": 1.0}
+    assert group_stats(np.ones((3, 4))) == flat
+
+
+def test_loss_scale():
+    assert loss_scale(3, 12, "none") == 1.0
+    assert loss_scale(3, 12, "linear") == 0.25
+    assert loss_scale(3, 12, "sqrt") == 0.5
+    assert loss_scale(12, 12, "sqrt") == 1.0
+    assert loss_scale(0, 12, "linear") == 0.0
+    assert loss_scale(np.int64(4), 16, "sqrt") == 0.5
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+def test_unknown_names_list_valid_ones_and_suggest():
+    msg = r"unknown filter strategy 'top-p'; valid: .*Did you mean: top_p"
+    with pytest.raises(UnknownNameError, match=msg):
+        select_groups(WORKED, strategy="top-p")
+    msg = r"unknown filter metric 'reward_var'; valid: .*Did you mean: reward_variance"
+    with pytest.raises(UnknownNameError, match=msg):
+        select_groups(WORKED, metric="reward_var")
+    msg = r"unknown filter order 'largets'; valid: largest, smallest\. Did you mean: largest"
+    with pytest.raises(ConfigError, match=msg):
+        select_groups(WORKED, order="largets")
+    msg = r"unknown loss scale mode 'squareroot'; valid: none, linear, sqrt"
+    with pytest.raises(ConfigError, match=msg):
+        loss_scale(1, 2, "squareroot")
+
+
+@pytest.mark.parametrize(
+    ("strategy", "value", "bounds"),
+    [
+        ("top_p", 1.5, r"\[0, 1\]"),
+        ("top_p", -0.1, r"\[0, 1\]"),
+        ("top_p_softmax", 2, r"\[0, 1\]"),
+        ("min_p", float("nan"), r"\[0, 1\]"),
+        ("top_k", 0, r"\(0, 1\]"),
+        ("top_k", 1.01, r"\(0, 1\]"),
+        ("top_k", "0.5", r"\(0, 1\]"),
+    ],
+)
+def test_value_out_of_range_names_the_value(strategy, value, bounds):
+    msg = rf"filter value {value!r} is out of range for strategy '{strategy}'.*{bounds}"
+    with pytest.raises(ConfigError, match=msg):
+        select_groups(WORKED, strategy=strategy, value=value)
+
+
+def test_none_ignores_value():
+    assert kept(WORKED, strategy="none", value=7) == [0, 1, 2, 3, 4, 5]
+    assert kept(WORKED, strategy="none", value=None) == [0, 1, 2, 3, 4, 5]
+
+
+def test_one_episode_refused_for_variance():
+    rewards = np.zeros((3, 1))
+    msg = r"metric 'reward_variance' needs .* at least 2 episodes .*\(3, 1\) \(G=1\)"
+    with pytest.raises(ConfigError, match=msg):
+        select_groups(rewards)
+    with pytest.raises(ConfigError, match=r"metric 'reward_std' needs"):
+        select_groups(rewards, metric="reward_std")
+    with pytest.raises(ConfigError, match=r"include_zero=False needs"):
+        select_groups(rewards, metric="mean_reward", include_zero=False)
+    with pytest.raises(ConfigError, match=r"group_stats needs"):
+        group_stats(rewards)
+
+
+def test_bad_rewards_refused():
+    rewards = WORKED.astype(float).copy()
+    rewards[1, 2] = np.nan
+    with pytest.raises(ConfigError, match=r"rewards\[1, 2\] is nan \(group 1, episode 2\)"):
+        select_groups(rewards)
+    rewards[1, 2] = np.inf
+    with pytest.raises(ConfigError, match=r"rewards\[1, 2\] is inf"):
+        group_stats(rewards)
+    with pytest.raises(ConfigError, match=r"got shape \(8,\)"):
+        select_groups(np.zeros(8))
+    with pytest.raises(ConfigError, match=r"got shape \(0, 4\)"):
+        select_groups(np.zeros((0, 4)))
+
+
+def test_bad_options_refused():
+    with pytest.raises(ConfigError, match=r"ddof 4 must be an integer in \[0, G-1=3\]"):
+        select_groups(WORKED, ddof=4)
+    with pytest.raises(ConfigError, match=r"filter eps -0\.1 must be a number >= 0"):
+        select_groups(WORKED, eps=-0.1)
+    negative = np.array([[-1.0, -1.0], [1.0, 0.0]])  # mean rewards -1, 0.5
+    msg = r"strategy 'top_p' needs non-negative scores, but metric 'mean_reward' gives group 0 the"
+    msg += r" score -1\. Use strategy 'top_k' or 'top_p_softmax'"
+    with pytest.raises(ConfigError, match=msg):
+        select_groups(negative, metric="mean_reward")
+    with pytest.raises(ConfigError, match=r"strategy 'min_p' needs non-negative scores"):
+        select_groups(negative, strategy="min_p", metric="mean_reward")
+
+
+def test_bad_scores_refused():
+    msg = r"metric 'length' ranks groups by .* pass scores= .*\(P=6, G=4\)"
+    with pytest.raises(ConfigError, match=msg):
+        select_groups(WORKED, metric="length")
+    msg = r"scores for metric 'entropy' has shape \(5,\); expected \(6,\) or \(6, 4\)"
+    with pytest.raises(ConfigError, match=msg):
+        select_groups(WORKED, metric="entropy", scores=np.ones(5))
+    msg = r"scores= is only used by the metrics length, entropy; metric 'reward_variance'"
+    with pytest.raises(ConfigError, match=msg):
+        select_groups(WORKED, scores=np.ones(6))
+    with pytest.raises(ConfigError, match=r"contain NaN or inf"):
+        select_groups(WORKED, metric="length", scores=[1, 2, np.nan, 4, 5, 6])
+
+
+def test_loss_scale_bad_counts_refused():
+    with pytest.raises(ConfigError, match=r"kept 5 must be an integer in \[0, total=4\]"):
+        loss_scale(5, 4, "linear")
+    with pytest.raises(ConfigError, match=r"total 0 must be an integer >= 1"):
+        loss_scale(0, 0, "linear")
+
+
+# ----------------------------------------------------------------------------- properties
+
+# Few distinct values, so ties and zero-variance groups are common, plus arbitrary floats.
+reward_value = st.one_of(st.sampled_from([0.0, 1.0, -1.0, 0.1, 0.5, 10.0]), st.floats(-10, 10))
+reward_matrix = st.tuples(st.integers(1, 10), st.integers(2, 6)).flatmap(
+    lambda shape: hnp.arrays(np.float64, shape, elements=reward_value)
+)
+unit = st.one_of(st.sampled_from([0.0, 0.25, 0.5, 0.9, 1.0]), st.floats(0, 1))
+
+
+def reference_ranking(
+    rewards: np.ndarray, include_zero: bool, eps: float, order: str
+) -> tuple[list[int], list[float]]:
+    """Candidates ranked best first with Python's sort (ties by index), and their RV.
+
+    The RVs are group_scores' own (checked against `statistics` above), so a property
+    failure here is about selection, not about the last bit of a variance.
+    """
+    rv = group_scores(rewards).tolist()
+    cand = [i for i in range(len(rv)) if include_zero or rv[i] > eps]
+    sign = -1 if order == "largest" else 1
+    ranked = sorted(cand, key=lambda i: (sign * rv[i], i))
+    return ranked, [rv[i] for i in ranked]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    rewards=reward_matrix,
+    strategy=st.sampled_from(STRATEGIES.names()),
+    value=unit.filter(lambda v: v > 0),
+    include_zero=st.booleans(),
+    order=st.sampled_from(ORDERS),
+)
+def test_kept_set_is_a_prefix_of_the_stable_ranking(rewards, strategy, value, include_zero, order):
+    options = {"value": value, "include_zero": include_zero, "order": order}
+    out = select_groups(rewards, strategy=strategy, **options)
+    ranked, _ = reference_ranking(rewards, include_zero, 0.01, order)
+    assert out.tolist() == sorted(ranked[: len(out)])
+    assert (len(out) == 0) == (len(ranked) == 0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(rewards=reward_matrix, include_zero=st.booleans(), eps=st.sampled_from([0.0, 0.01, 1.0]))
+def test_top_p_one_keeps_exactly_the_positive_candidates(rewards, include_zero, eps):
+    """value=1 keeps every candidate with RV > 0, however small next to the total; when no
+    candidate has RV > 0 (all zero, include_zero=True) it keeps them all."""
+    out = select_groups(rewards, strategy="top_p", value=1.0, include_zero=include_zero, eps=eps)
+    rv = group_scores(rewards)
+    candidates = [i for i in range(len(rv)) if include_zero or rv[i] > eps]
+    positive = [i for i in candidates if rv[i] > 0]
+    assert out.tolist() == (positive or candidates)
+
+
+@settings(max_examples=300, deadline=None)
+@given(rewards=reward_matrix, value=unit, include_zero=st.booleans(), order=st.sampled_from(ORDERS))
+def test_top_p_is_the_smallest_prefix_reaching_the_target(rewards, value, include_zero, order):
+    options = {"value": value, "include_zero": include_zero, "order": order}
+    out = select_groups(rewards, strategy="top_p", **options)
+    _, ranked_rv = reference_ranking(rewards, include_zero, 0.01, order)
+    total = math.fsum(ranked_rv)
+    if total == 0:
+        assert len(out) == len(ranked_rv)
+        return
+    k = len(out)
+    target = value * total
+    tol = 1e-9 * total
+    assert math.fsum(ranked_rv[:k]) >= target - tol
+    if k > 1:  # k = 1 when value is so small that the top group alone reaches it
+        assert math.fsum(ranked_rv[: k - 1]) < target + tol
+
+
+@settings(max_examples=200, deadline=None)
+@given(rewards=reward_matrix, value=unit.filter(lambda v: v > 0), include_zero=st.booleans())
+def test_top_k_count_and_min_p_threshold(rewards, value, include_zero):
+    ranked, ranked_rv = reference_ranking(rewards, include_zero, 0.01, "largest")
+    top_k = select_groups(rewards, strategy="top_k", value=value, include_zero=include_zero)
+    assert len(top_k) == (max(1, math.floor(value * len(ranked) + 1e-9)) if ranked else 0)
+    min_p = select_groups(rewards, strategy="min_p", value=value, include_zero=include_zero)
+    rv = group_scores(rewards)
+    assert min_p.tolist() == sorted(i for i in ranked if rv[i] >= value * rv[ranked[0]])
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    rewards=reward_matrix,
+    strategy=st.sampled_from(STRATEGIES.names()),
+    value=unit.filter(lambda v: v > 0),
+)
+def test_selection_does_not_depend_on_group_order_without_ties(rewards, strategy, value):
+    """Reversing the groups reverses the kept set when the variances are distinct."""
+    rv = group_scores(rewards)
+    if len(np.unique(rv)) < len(rv):
+        return
+    forward = select_groups(rewards, strategy=strategy, value=value)
+    backward = select_groups(rewards[::-1], strategy=strategy, value=value)
+    assert sorted(len(rv) - 1 - backward) == forward.tolist()
+
+
+def test_every_metric_and_strategy_runs():
+    scores = np.arange(6.0)
+    for metric in METRICS:
+        for strategy in STRATEGIES:
+            extra = {"scores": scores} if metric in ("length", "entropy") else {}
+            out = select_groups(WORKED, strategy=strategy, value=0.5, metric=metric, **extra)
+            assert 1 <= len(out) <= 6
