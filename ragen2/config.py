@@ -76,7 +76,7 @@ class AlgoConfig:
     clip_low: float = _f(0.2, "PPO clip epsilon below 1 (ratio >= 1 - clip_low).")
     clip_high: float = _f(0.28, "PPO clip epsilon above 1: clip-higher (DAPO). Reference: 0.28.")
     kl_coef: float = _f(0.0, "KL penalty to the frozen reference policy; 0 turns it off (reference).")
-    kl_estimator: Literal["k1", "k2", "k3", "low_var_kl"] = _f("k3", "KL estimator (Schulman).")
+    kl_estimator: Literal["k1", "k2", "k3", "low_var_kl"] = _f("low_var_kl", "KL estimator: Schulman k1/k2/k3, or k3 clamped (verl default).")
     entropy_coef: float = _f(0.001, "Token-entropy bonus coefficient. Reference: 0.001.")
     loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] | None = _f(
         None, "Loss aggregation; null = the algorithm's default."
@@ -87,7 +87,7 @@ class AlgoConfig:
     mini_batch_size: int = _f(32, "Sequences per optimizer step. Reference: 32.")
     micro_batch_size: int = _f(8, "Sequences per forward/backward (gradient accumulation).")
     critic_lr: float = _f(1e-4, "Critic learning rate (PPO). Reference (3B): 1e-5.")
-    value_clip: float = _f(0.2, "Value-loss clip range (PPO).")
+    value_clip: float = _f(0.5, "Value-loss clip range (PPO; verl default 0.5).")
     task_advantage_scale: float = _f(
         1.0, "Multiplies the task advantage; 0 gives regulariser-only updates (mechanism study)."
     )
@@ -341,6 +341,12 @@ def validate(config: Config) -> None:
             f"env.name={config.env.name!r} is not a registered environment; valid: {', '.join(envs.names())}."
             + did_you_mean(config.env.name, envs.names())
         )
+    try:  # building one instance checks env.kwargs against the constructor, with its own message
+        envs.make(config.env.name, **config.env.kwargs)
+    except TypeError as e:
+        raise ConfigError(f"env.kwargs for {config.env.name!r}: {e}") from e
+    except ConfigError as e:
+        raise ConfigError(f"env.kwargs for {config.env.name!r}: {e}") from e
     r, a = config.rollout, config.algo
     for key, value in [
         ("rollout.num_groups", r.num_groups),
@@ -388,3 +394,24 @@ def config_from_file(path: Path) -> Config:
     config = _build(Config, _load_yaml(path), "")
     validate(config)
     return config
+
+
+def config_markdown() -> str:
+    """docs/config.md, generated from the dataclasses so it never drifts from the code."""
+    lines = [
+        "# Configuration",
+        "",
+        "Generated from `ragen2/config.py` (`python -m ragen2.config > docs/config.md`); a test keeps it current.",
+        "",
+        "Set keys as `key=value` after the preset: `ragen2 train frozenlake-ppo algo.clip_high=0.3`.",
+        f"Presets: {', '.join(f'`{p}`' for p in preset_names())}.",
+        "",
+        "| key | default | meaning |",
+        "|---|---|---|",
+    ]
+    lines += [f"| `{k}` | `{d}` | {h.replace('|', '/')} |" for k, d, h in describe()]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(config_markdown(), end="")

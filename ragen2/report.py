@@ -73,6 +73,7 @@ class Metrics:
         return bool(self.matching(pattern))
 
     def matching(self, pattern: str) -> list[str]:
+        """Logged keys matching `pattern`, sorted."""
         return sorted(k for k in self._columns if fnmatch.fnmatchcase(k, pattern))
 
     def series(self, key: str) -> tuple[np.ndarray, np.ndarray]:
@@ -80,10 +81,12 @@ class Metrics:
         return self._columns.get(key, (np.zeros(0, dtype=int), np.zeros(0)))
 
     def last(self, key: str) -> tuple[int, float] | None:
+        """(step, value) of the latest point of `key`, or None when never logged."""
         steps, values = self.series(key)
         return (int(steps[-1]), float(values[-1])) if len(steps) else None
 
     def peak(self, key: str) -> tuple[int, float] | None:
+        """(step, value) of the largest value of `key` (the first, on ties), or None."""
         steps, values = self.series(key)
         if not len(steps):
             return None

@@ -22,6 +22,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TextIO
 
+import numpy as np
+
 from ragen2.errors import ConfigError
 
 METRICS_FILE = "metrics.jsonl"
@@ -238,6 +240,8 @@ def _append_line(handle: TextIO, record: dict[str, Any]) -> None:
 
 def _jsonable(value: Any) -> Any:
     """Replace non-finite floats (at any depth) by None: JSON has no NaN or Infinity."""
+    if isinstance(value, np.generic):  # numpy scalars in event data
+        value = value.item()
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):

@@ -108,9 +108,6 @@ def test_figures_without_metrics_are_skipped_and_listed(tmp_path: Path) -> None:
 
 def test_grad_snr_figure_shows_the_latest_probe(tmp_path: Path) -> None:
     _write_run(tmp_path, steps=25)
-    write_report(tmp_path)
-    assert (tmp_path / "figures" / "grad_snr.png").exists()
-
     spec = next(s for s in FIGURES if s.name == "grad_snr")
     fig = Figure()
     spec.draw(fig, Metrics(read_metrics(tmp_path)), [])
@@ -120,13 +117,6 @@ def test_grad_snr_figure_shows_the_latest_probe(tmp_path: Path) -> None:
     assert [bar.get_height() for bar in kl] == [0.3] * 6
     assert [bar.get_height() for bar in entropy] == [0.2] * 6
     assert "step 20" in ax.get_title()
-
-
-def test_no_grad_snr_figure_without_probe_metrics(tmp_path: Path) -> None:
-    _write_run(tmp_path, steps=20, grad_snr=False)
-    write_report(tmp_path)
-    assert not (tmp_path / "figures" / "grad_snr.png").exists()
-    assert (tmp_path / "figures" / "collapse.png").exists()
 
 
 def test_every_metric_the_report_reads_is_documented() -> None:

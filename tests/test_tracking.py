@@ -145,14 +145,15 @@ def test_logging_a_step_twice_fails_and_names_truncate_after(tmp_path: Path) -> 
 def test_log_event_appends_to_events_jsonl(tmp_path: Path) -> None:
     with Tracker(tmp_path, {}, tensorboard=False) as tracker:
         tracker.log_event("skipped_step", "no group kept", step=7, kept_groups=0)
-        tracker.log_event("early_stop", "RV collapsed", step=9, rv_mean=float("nan"))
+        tracker.log_event("early_stop", "RV collapsed", step=9, rv_mean=np.float32("nan"), means=[0.5, math.inf])
 
     events = read_events(tmp_path)
     assert [(e["kind"], e["step"], e["message"]) for e in events] == [
         ("skipped_step", 7, "no group kept"),
         ("early_stop", 9, "RV collapsed"),
     ]
-    assert events[0]["kept_groups"] == 0 and events[1]["rv_mean"] is None
+    assert events[0]["kept_groups"] == 0
+    assert events[1]["rv_mean"] is None and events[1]["means"] == [0.5, None]
     assert read_events(tmp_path / "no-run") == []
 
 

@@ -5,8 +5,12 @@ warm start feeds it demonstration text. Both therefore train on byte-identical l
 
 Layout (full history, StarPO): the whole episode is one sequence
 
-    [system + user_1 + gen-prefix <think>] [response_1] [end-of-turn + user_2 + gen-prefix <think>] [response_2] ... [tail]
-     \______________ head (mask 0) _____/ \_ mask 1 _/ \__________________ delta_2 (mask 0) ______/  \_ mask 1 _/     mask 0
+    head      system + user_1 + generation prefix + <think>                      mask 0
+    response_1                                                                    mask 1
+    delta_2   end-of-turn + user_2 + generation prefix + <think>                  mask 0
+    response_2                                                                    mask 1
+    ...
+    tail      the template's end-of-turn after the last response                 mask 0
 
 and the prompt of turn k is exactly the prefix of that sequence before response_k.
 Everything that is not a model token comes from the tokenizer's chat template, so the same

@@ -7,6 +7,9 @@ from collections.abc import Callable
 from ragen2.envs.base import TextEnv
 from ragen2.registry import Registry
 
+# Held-out evaluation seeds start here; training and warm-start seeds stay below it.
+EVAL_SEED_OFFSET = 1_000_000
+
 ENVS: Registry[Callable[..., TextEnv]] = Registry("environment")
 
 
@@ -19,7 +22,12 @@ def names() -> list[str]:
     return ENVS.names()
 
 
+def eval_seeds(n: int) -> list[int]:
+    """The first `n` held-out seeds: the same for every evaluation, disjoint from training."""
+    return list(range(EVAL_SEED_OFFSET, EVAL_SEED_OFFSET + n))
+
+
 # Registration happens on import of each env module.
 from ragen2.envs import bandit, frozenlake, sokoban  # noqa: E402,F401
 
-__all__ = ["ENVS", "TextEnv", "make", "names"]
+__all__ = ["ENVS", "EVAL_SEED_OFFSET", "TextEnv", "eval_seeds", "make", "names"]

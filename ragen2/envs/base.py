@@ -29,11 +29,18 @@ class TextEnv(gym.Env, ABC):
 
     @abstractmethod
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
-        """Start an episode. The same seed always gives the same episode."""
+        """Start an episode. The same seed always gives the same episode.
+
+        Implementations call `gym.Env.reset(self, seed=seed)` first to seed `self.np_random`.
+        """
 
     @abstractmethod
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         """Apply one action text; returns (obs_text, reward, terminated, truncated, info)."""
+
+    @abstractmethod
+    def valid_actions(self) -> list[str]:
+        """The action names `step` accepts right now (random agents and checkers draw from it)."""
 
     def solve(self) -> list[str] | None:
         """A shortest action list from the current state, or None when the env has no solver."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 import statistics
 from collections import defaultdict
 
@@ -219,11 +220,11 @@ def test_rloo_is_rescaled_mean_baseline(case: tuple[list[float], list[int]]) -> 
 @SETTINGS
 @given(grouped_returns(), finite, st.randoms(use_true_random=False))
 def test_group_advantages_ignore_shift_and_batch_order(
-    case: tuple[list[float], list[int]], shift: float, rng: object
+    case: tuple[list[float], list[int]], shift: float, rng: random.Random
 ) -> None:
     returns, groups = case
     order = list(range(len(groups)))
-    rng.shuffle(order)  # type: ignore[attr-defined]
+    rng.shuffle(order)
     perm = torch.tensor(order)
     for fn in (grpo_advantages, drgrpo_advantages, rloo_advantages):
         base = fn(t64(returns), torch.tensor(groups))

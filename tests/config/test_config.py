@@ -1,0 +1,70 @@
+"""Config: presets, overrides, strict validation with helpful messages, generated docs."""
+
+from pathlib import Path
+
+import pytest
+
+from ragen2.config import Config, config_from_file, config_markdown, load_config, preset_names, save_config
+from ragen2.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_defaults_are_the_builtin_sokoban_run():
+    c = load_config()
+    assert c.env.name == "sokoban" and c.model.path is None and c.filter.strategy == "top_p"
+
+
+def test_env_algo_preset_layers_and_overrides():
+    c = load_config("frozenlake-ppo", ["algo.clip_high=0", "rollout.context_turns=null", "optim.lr=3e-5"])
+    assert c.env.name == "frozenlake" and c.env.kwargs["size"] == 4
+    assert c.algo.name == "ppo"
+    assert c.algo.clip_high == 0.0 and isinstance(c.algo.clip_high, float)  # `0` is a valid float
+    assert c.rollout.context_turns is None
+    assert c.optim.lr == pytest.approx(3e-5)
+
+
+def test_every_preset_loads():
+    for name in preset_names():
+        assert isinstance(load_config(name), Config)
+
+
+def test_env_shorthand():
+    assert load_config(None, ["env=bandit"]).env.name == "bandit"
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("algo.clip_hgh=0.3", "unknown config key 'algo.clip_hgh'. Did you mean: algo.clip_high"),
+        ("algo.name=pppo", "allowed values: 'ppo', 'grpo'"),
+        ("optim.lr=fast", "optim.lr='fast' must be a number"),
+        ("rollout.group_size=1", "needs rollout.group_size >= 2"),
+        ("env.name=frozen", "Did you mean: frozenlake"),
+        ("env.kwargs.sze=3", "env.kwargs for 'sokoban'"),
+        ("trainer.total_steps=0", "trainer.total_steps=0 must be at least 1"),
+        ("logging.tensorboard=maybe", "must be true or false"),
+        ("algo.clip_high", "must look like key=value"),
+    ],
+)
+def test_bad_config_names_key_and_fix(override, message):
+    with pytest.raises(ConfigError, match=None) as err:
+        load_config(None, [override])
+    assert message in str(err.value)
+
+
+def test_unknown_preset_lists_presets():
+    with pytest.raises(ConfigError, match="unknown preset 'sokobann'.*Did you mean: sokoban"):
+        load_config("sokobann")
+
+
+def test_saved_config_round_trips(tmp_path):
+    c = load_config("bandit-rloo", ["trainer.seed=7"])
+    save_config(c, tmp_path / "config.yaml")
+    assert config_from_file(tmp_path / "config.yaml") == c
+
+
+def test_config_doc_is_current():
+    assert (ROOT / "docs" / "config.md").read_text() == config_markdown(), (
+        "docs/config.md is stale: run `python -m ragen2.config > docs/config.md`"
+    )
