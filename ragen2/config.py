@@ -62,10 +62,30 @@ class RolloutConfig:
     max_actions_per_turn: int = _f(2, "Actions per answer, separated by `||`. Reference: 2.")
     max_tokens_per_turn: int = _f(96, "Cap on generated tokens per turn.")
     format_penalty: float = _f(-0.1, "Reward added to a malformed turn or one with an invalid action.")
-    context_turns: int | None = _f(None, "Turns of history shown; null = the full history.")
-    end_on_invalid: bool = _f(False, "End the episode at the first malformed turn.")
+    context_turns: int | None = _f(
+        None,
+        "null: the prompt holds the whole history (one training sequence per episode). "
+        "k: only the last k earlier turns are shown (one training sequence per turn).",
+    )
+    end_on_invalid: bool = _f(
+        False, "End the episode (as truncation) at the first malformed turn; invalid actions never end it."
+    )
     temperature: float = _f(1.0, "Sampling temperature during training rollouts. Reference: 1.0.")
     top_p: float = _f(1.0, "Nucleus sampling threshold.")
+
+    def __post_init__(self) -> None:
+        """Checked here (not only in `validate`) because library users build this directly."""
+        for name in ("num_groups", "group_size", "max_turns", "max_actions_per_turn", "max_tokens_per_turn"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"rollout.{name}={getattr(self, name)} is not allowed: use an integer >= 1")
+        if self.context_turns is not None and self.context_turns < 0:
+            raise ConfigError(
+                f"rollout.context_turns={self.context_turns} is not allowed: use null (full history) or an integer >= 0"
+            )
+        if self.temperature < 0:
+            raise ConfigError(f"rollout.temperature={self.temperature} is not allowed: use 0 (greedy) or a positive number")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"rollout.top_p={self.top_p} is not allowed: use a number in (0, 1]")
 
 
 @dataclass
@@ -349,11 +369,6 @@ def validate(config: Config) -> None:
         raise ConfigError(f"env.kwargs for {config.env.name!r}: {e}") from e
     r, a = config.rollout, config.algo
     for key, value in [
-        ("rollout.num_groups", r.num_groups),
-        ("rollout.group_size", r.group_size),
-        ("rollout.max_turns", r.max_turns),
-        ("rollout.max_actions_per_turn", r.max_actions_per_turn),
-        ("rollout.max_tokens_per_turn", r.max_tokens_per_turn),
         ("algo.ppo_epochs", a.ppo_epochs),
         ("algo.mini_batch_size", a.mini_batch_size),
         ("algo.micro_batch_size", a.micro_batch_size),
@@ -371,12 +386,8 @@ def validate(config: Config) -> None:
             f"filter.metric={config.filter.metric} needs rollout.group_size >= 2; "
             "set filter.strategy=none or a larger group."
         )
-    if r.temperature < 0 or config.trainer.eval_temperature < 0:
-        raise ConfigError("rollout.temperature and trainer.eval_temperature must be >= 0")
-    if not 0 < r.top_p <= 1:
-        raise ConfigError(f"rollout.top_p={r.top_p} must be in (0, 1]")
-    if r.context_turns is not None and r.context_turns < 1:
-        raise ConfigError(f"rollout.context_turns={r.context_turns} must be null (full history) or >= 1")
+    if config.trainer.eval_temperature < 0:
+        raise ConfigError(f"trainer.eval_temperature={config.trainer.eval_temperature} must be >= 0")
     if a.clip_low < 0 or a.clip_high < 0:
         raise ConfigError("algo.clip_low and algo.clip_high must be >= 0")
 

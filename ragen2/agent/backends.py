@@ -6,11 +6,10 @@ backend plugs in by implementing the same `generate` method.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 from transformers import (
-    GenerationConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
     StoppingCriteria,
@@ -20,6 +19,7 @@ from transformers import (
 from ragen2.agent.types import GenerationOutput
 
 
+@runtime_checkable
 class GenerationBackend(Protocol):
     """Anything that continues token-id prompts."""
 
@@ -105,7 +105,8 @@ class HFBackend:
         try:
             for b in range(0, len(order), size):
                 chunk = order[b : b + size]
-                for i, out in zip(chunk, self._generate_batch([prompts[i] for i in chunk], max_new_tokens, temperature, top_p)):
+                batch = self._generate_batch([prompts[i] for i in chunk], max_new_tokens, temperature, top_p)
+                for i, out in zip(chunk, batch):
                     outputs[i] = out
         finally:
             self.model.train(was_training)
@@ -122,8 +123,14 @@ class HFBackend:
             [[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device
         )  # [B, width]
         # Every field that shapes the distribution is set, so a checkpoint's defaults cannot leak in.
+        # Passed as keywords (not a GenerationConfig) so transformers knows greedy was asked for
+        # and does not warn about sampling defaults it inherits from the checkpoint.
         warpers = {"temperature": temperature, "top_p": top_p, "top_k": 0, "min_p": 0.0, "typical_p": 1.0}
-        config = GenerationConfig(
+        criteria = StoppingCriteriaList([_StopOnTokens(self.stop_ids)] if self.stop_ids else [])
+        extra = {"stop_strings": self.stop_texts, "tokenizer": self.tokenizer} if self.stop_texts else {}
+        out = self.model.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
             max_new_tokens=max_new_tokens,
             min_new_tokens=0,
             do_sample=temperature > 0,
@@ -131,16 +138,8 @@ class HFBackend:
             no_repeat_ngram_size=0,
             pad_token_id=self.pad_id,
             eos_token_id=self.eos_ids,
-            stop_strings=self.stop_texts or None,
-            **(warpers if temperature > 0 else {}),
-        )
-        criteria = StoppingCriteriaList([_StopOnTokens(self.stop_ids)] if self.stop_ids else [])
-        extra = {"tokenizer": self.tokenizer} if self.stop_texts else {}
-        out = self.model.generate(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            generation_config=config,
             stopping_criteria=criteria,
+            **(warpers if temperature > 0 else {}),
             **extra,
         )  # [B, width + new]
         return [self._finish(row) for row in out[:, width:].tolist()]

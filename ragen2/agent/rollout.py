@@ -18,42 +18,9 @@ from ragen2.agent.backends import GenerationBackend
 from ragen2.agent.conversation import Conversation, reasoning_span
 from ragen2.agent.parsing import parse_response
 from ragen2.agent.types import Trajectory, Turn
+from ragen2.config import RolloutConfig
 from ragen2.envs.base import TextEnv
 from ragen2.errors import ConfigError
-
-
-@dataclass
-class RolloutConfig:
-    """How episodes are played. Defaults are the RAGEN reference setting (5 turns x 2 actions)."""
-
-    max_turns: int = 5
-    """Turns per episode; an episode still running after this many is truncated."""
-    max_actions_per_turn: int = 2
-    """Actions executed per turn; an answer with more `||`-separated actions keeps the first ones."""
-    max_tokens_per_turn: int = 128
-    """Generation budget of one response, in tokens."""
-    format_penalty: float = -0.1
-    """Added to a turn's reward when its response is malformed or one of its actions is invalid."""
-    context_turns: int | None = None
-    """None: the prompt holds the whole history (one training sequence per episode).
-    k: only the last k turns are shown (one training sequence per turn)."""
-    temperature: float = 1.0
-    """Sampling temperature; 0 is greedy (evaluation in the reference uses 0.5)."""
-    top_p: float = 1.0
-    """Nucleus sampling mass; 1.0 samples from the full distribution."""
-    end_on_invalid: bool = False
-    """True: a turn that got the format penalty ends the episode (as truncation). False: it goes on."""
-
-    def __post_init__(self) -> None:
-        for name in ("max_turns", "max_actions_per_turn", "max_tokens_per_turn"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name}={getattr(self, name)} is not allowed: use an integer >= 1")
-        if self.context_turns is not None and self.context_turns < 0:
-            raise ConfigError(f"context_turns={self.context_turns} is not allowed: use null (full history) or an integer >= 0")
-        if self.temperature < 0:
-            raise ConfigError(f"temperature={self.temperature} is not allowed: use 0 (greedy) or a positive number")
-        if not 0 < self.top_p <= 1:
-            raise ConfigError(f"top_p={self.top_p} is not allowed: use a number in (0, 1]")
 
 
 @dataclass
@@ -105,7 +72,7 @@ def rollout(
     cfg: RolloutConfig,
     stats: RolloutStats | None = None,
 ) -> list[Trajectory]:
-    """Play one episode per seed with `ragen2.envs.make(env_name, **env_kwargs)`; return them in seed order.
+    """Play one episode per seed with `ragen2.envs.make(env_name, **env_kwargs)`, returned in the order of `seeds`.
 
     Rewards: each turn's reward is the sum of its env rewards plus `cfg.format_penalty` when
     the response is malformed or an action was invalid. Actions of a turn stop at the first
@@ -116,7 +83,9 @@ def rollout(
         raise ValueError(f"{len(seeds)} seeds but {len(group_ids)} group ids: pass one group id per seed")
     stats = stats if stats is not None else RolloutStats()
     start = time.perf_counter()
-    episodes = [_start_episode(env_name, env_kwargs, seed, gid, tokenizer, cfg, stats) for seed, gid in zip(seeds, group_ids)]
+    episodes = [
+        _start_episode(env_name, env_kwargs, seed, gid, tokenizer, cfg, stats) for seed, gid in zip(seeds, group_ids)
+    ]
     for turn in range(cfg.max_turns):
         active = [e for e in episodes if not e.done]
         if not active:
@@ -188,7 +157,7 @@ def _play_turn(
         stats.env_s += time.perf_counter() - t0
     if not actions_valid:
         reward += cfg.format_penalty
-        if cfg.end_on_invalid and not e.done:
+        if cfg.end_on_invalid and not parsed.valid and not e.done:
             e.done = e.traj.truncated = True
     e.traj.turns.append(
         Turn(

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from scipy.special import logsumexp
@@ -42,7 +42,7 @@ def mi_metrics(
     input_ids: Sequence[Sequence[int]] | None = None,
     ks: Sequence[int] = (1, 2, 4, 8),
     ema_state: EmaState | None = None,
-    marginal: str = "mixture",
+    marginal: Literal["mixture", "token_mean"] = "mixture",
     *,
     ema_alpha: float = 0.9,
     eps: float = 1e-3,

@@ -52,7 +52,7 @@ def score_matrix(
     """
     prompt_ts, reasoning_ts = _as_token_tensors(prompts, reasonings, micro_batch_size)
     device = _resolve_device(model, device)
-    pad_id = _pad_id(tokenizer_or_none)
+    batches = list(_micro_batches(reasoning_ts, micro_batch_size, _pad_id(tokenizer_or_none), device))
     logp = np.empty((len(reasoning_ts), len(prompt_ts)), dtype=np.float64)
     was_training = model.training
     model.eval()
@@ -63,7 +63,7 @@ def score_matrix(
                 prefix_cache = DynamicCache(config=model.config)
                 out = model(input_ids=prompt, cache=prefix_cache, use_cache=True)
                 first_logp = torch.log_softmax(out.logits[0, -1].float(), dim=-1)  # [V], predicts Z[0]
-                for rows, tokens, mask in _micro_batches(reasoning_ts, micro_batch_size, pad_id, device):
+                for rows, tokens, mask in batches:
                     b, t = tokens.shape
                     cache = copy.deepcopy(prefix_cache)
                     cache.batch_repeat_interleave(b)
@@ -98,7 +98,7 @@ def score_matrix_naive(
     """
     prompt_ts, reasoning_ts = _as_token_tensors(prompts, reasonings, micro_batch_size)
     device = _resolve_device(model, device)
-    pad_id = _pad_id(tokenizer_or_none)
+    batches = list(_micro_batches(reasoning_ts, micro_batch_size, _pad_id(tokenizer_or_none), device))
     logp = np.empty((len(reasoning_ts), len(prompt_ts)), dtype=np.float64)
     was_training = model.training
     model.eval()
@@ -107,7 +107,7 @@ def score_matrix_naive(
             for j, prompt in enumerate(prompt_ts):
                 prompt = prompt.to(device)
                 lp = prompt.shape[0]
-                for rows, tokens, mask in _micro_batches(reasoning_ts, micro_batch_size, pad_id, device):
+                for rows, tokens, mask in batches:
                     b = tokens.shape[0]
                     input_ids = torch.cat([prompt.expand(b, lp), tokens], dim=1)  # [b, Lp+T]
                     attention_mask = torch.cat([mask.new_ones(b, lp), mask], dim=1)

@@ -207,7 +207,9 @@ def plain_bpe():
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=350, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=350, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
     tok.train_from_iterator(["<think>go.</think><answer>Up</answer> é😀 push it.</think>"] * 20, trainer=trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok)
 
@@ -217,8 +219,8 @@ def plain_bpe():
     [
         "<think>go up</think><answer>Up</answer>",
         "go.</think><answer>Up</answer>",  # ".</" can be one token straddling the tag
-        "<think>é😀 push it.</think><answer>Up</answer>",  # multi-byte characters split across tokens
-        "😀</think>",
+        "<think>é🙂 push it 🙂</think><answer>Up</answer>",  # 🙂 is unseen: four byte tokens
+        "🙂</think>",
     ],
 )
 def test_reasoning_span_multi_token_tags(plain_bpe, text):
@@ -232,3 +234,12 @@ def test_reasoning_span_multi_token_tags(plain_bpe, text):
     assert "<" in plain_bpe.decode(ids[end : end + 1])
     if start > 0:
         assert ">" in plain_bpe.decode(ids[start - 1 : start])
+    # Tokenizers without a Rust backend take transformers' decode path; same answer.
+    assert reasoning_span(_DecodeOnly(plain_bpe), ids) == (start, end)
+
+
+class _DecodeOnly:
+    """Exposes only `decode`, like a slow (pure Python) tokenizer."""
+
+    def __init__(self, tokenizer):
+        self.decode = tokenizer.decode

@@ -66,14 +66,16 @@ def test_cached_equals_naive(naive_qwen2, micro_batch_size):
     np.testing.assert_allclose(logp, naive_qwen2, atol=1e-4, rtol=0)
 
 
-def test_batched_naive_equals_unbatched(naive_qwen2):
-    logp = score_matrix_naive(tiny_qwen2(), None, PROMPTS, REASONINGS, micro_batch_size=4)
+@pytest.mark.parametrize("micro_batch_size", [4, len(REASONINGS)])
+def test_batched_naive_equals_unbatched(naive_qwen2, micro_batch_size):
+    """So other tests may use the faster, batched naive scores as their reference."""
+    logp = score_matrix_naive(tiny_qwen2(), None, PROMPTS, REASONINGS, micro_batch_size=micro_batch_size)
     np.testing.assert_allclose(logp, naive_qwen2, atol=1e-4, rtol=0)
 
 
 def test_eager_attention_and_llama():
     for model in (tiny_qwen2("eager"), _tiny_llama()):
-        expected = score_matrix_naive(model, None, PROMPTS, REASONINGS)
+        expected = score_matrix_naive(model, None, PROMPTS, REASONINGS, micro_batch_size=len(REASONINGS))
         got = score_matrix(model, None, PROMPTS, REASONINGS, micro_batch_size=2)
         np.testing.assert_allclose(got, expected, atol=1e-4, rtol=0)
 
@@ -90,7 +92,7 @@ def _tiny_llama() -> LlamaForCausalLM:
 def test_lora_wrapped_model():
     lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
     model = get_peft_model(tiny_qwen2(), lora)
-    expected = score_matrix_naive(model, None, PROMPTS, REASONINGS)
+    expected = score_matrix_naive(model, None, PROMPTS, REASONINGS, micro_batch_size=len(REASONINGS))
     got = score_matrix(model, None, PROMPTS, REASONINGS, micro_batch_size=3)
     np.testing.assert_allclose(got, expected, atol=1e-4, rtol=0)
     # The adapter is active: scores differ from the base model's.

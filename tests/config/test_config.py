@@ -43,6 +43,7 @@ def test_env_shorthand():
         ("env.name=frozen", "Did you mean: frozenlake"),
         ("env.kwargs.sze=3", "env.kwargs for 'sokoban'"),
         ("trainer.total_steps=0", "trainer.total_steps=0 must be at least 1"),
+        ("rollout.max_turns=0", "rollout.max_turns=0 is not allowed: use an integer >= 1"),
         ("logging.tensorboard=maybe", "must be true or false"),
         ("algo.clip_high", "must look like key=value"),
     ],

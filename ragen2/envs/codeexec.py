@@ -1,0 +1,326 @@
+"""Code: write a Python program that passes a problem's hidden tests (DeepCoder-style), run in a sandbox.
+
+The module is `codeexec` so that it never shadows the standard library's `code` module; the
+env is registered as "code".
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import textwrap
+from typing import Any, ClassVar
+
+import gymnasium as gym
+
+from ragen2.envs import ENVS
+from ragen2.envs.base import TextEnv
+from ragen2.envs.code_problems import BUILTIN_PROBLEMS, Problem, Test, call_text, load_problems
+from ragen2.envs.sandbox import Limits, RunResult, run_programs
+from ragen2.errors import ConfigError, did_you_mean
+
+_FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", flags=re.S | re.I)
+# Marks the return value printed by the function-test driver, after anything the program printed.
+_RESULT_MARKER = "\x1eragen2-result\x1e"
+_CLIP = 200  # characters of each feedback field
+_LIMIT_MESSAGES = {
+    "wall_time": "time limit exceeded",
+    "cpu_time": "time limit exceeded",
+    "memory": "memory limit exceeded",
+    "output_limit": "output limit exceeded",
+    "file_size": "file size limit exceeded",
+}
+
+
+def extract_program(text: str) -> str:
+    """The program in an answer: the last ```python fenced block if there is one, else the whole text.
+
+    An unclosed opening fence is dropped too. The result is dedented and stripped of
+    trailing whitespace; "" means there is no program.
+    """
+    blocks = _FENCE.findall(text)
+    if blocks:
+        text = blocks[-1]
+    elif text.lstrip().startswith("```"):  # an unclosed fence: drop its opening line
+        text = text.lstrip().partition("\n")[2].rstrip().removesuffix("```")
+    return textwrap.dedent(text).rstrip()
+
+
+def parse_program(text: str) -> str | None:
+    """The program in `text` when it is a compilable Python 3 program, else None (an invalid action).
+
+    Compiling runs nothing; it only rejects text that is not a program at all, so a
+    program that fails at run time is a valid action with reward 0.
+    """
+    program = extract_program(text)
+    if not program.strip():
+        return None
+    try:
+        program.encode("utf-8")
+        compile(program, "solution.py", "exec", dont_inherit=True)
+    except (SyntaxError, ValueError, UnicodeError, RecursionError, MemoryError, OverflowError):
+        return None
+    return program + "\n"
+
+
+def function_driver(program: str, fn_name: str) -> str:
+    """A program that defines `program`'s names, calls `fn_name` on the JSON arguments in stdin and prints the result.
+
+    The program runs as module `solution` (not `__main__`), so its own `if __name__ ==
+    "__main__":` block does not read the arguments. LeetCode-style `class Solution`
+    methods are found too.
+    """
+    return f"""import json
+import sys
+
+namespace = {{"__name__": "solution"}}
+exec(compile({program!r}, "solution.py", "exec"), namespace)
+if {fn_name!r} in namespace:
+    function = namespace[{fn_name!r}]
+elif "Solution" in namespace:
+    function = getattr(namespace["Solution"](), {fn_name!r})
+else:
+    raise NameError("the program does not define {fn_name}")
+result = function(*json.loads(sys.stdin.read()))
+sys.stdout.write("\\n" + {_RESULT_MARKER!r} + json.dumps(result) + "\\n")
+"""
+
+
+def grade(problem: Problem, program: str, limits: Limits, workers: int = 2) -> list[tuple[bool, str]]:
+    """Run `program` on every test of `problem`; for each test (passed, what it got as text)."""
+    if problem.fn_name is None:
+        jobs = [(program, test.input) for test in problem.tests]
+    else:
+        driver = function_driver(program, problem.fn_name)
+        jobs = [(driver, json.dumps(test.input)) for test in problem.tests]
+    results = run_programs(jobs, limits, max_workers=workers)
+    return [_check(problem, test, result) for test, result in zip(problem.tests, results)]
+
+
+def _check(problem: Problem, test: Test, result: RunResult) -> tuple[bool, str]:
+    if result.killed_reason is not None:
+        return False, _LIMIT_MESSAGES[result.killed_reason]
+    if result.exit_code != 0:
+        error = result.stderr.strip().rpartition("\n")[2] or f"exit status {result.exit_code}"
+        return False, f"error: {error}"
+    if problem.fn_name is None:
+        return same_output(result.stdout, test.expected), result.stdout
+    _, found, encoded = result.stdout.rpartition(_RESULT_MARKER)
+    if not found:
+        return False, "no return value"
+    try:
+        got = json.loads(encoded)
+    except (ValueError, RecursionError):
+        return False, "unreadable return value"
+    return any(same_value(got, want) for want in (test.expected, *test.also_accepted)), repr(got)
+
+
+def same_output(got: str, expected: str) -> bool:
+    """stdout equality as judges use it: trailing spaces and blank lines ignored; else token by token,
+    numbers equal within 1e-6 (absolute or relative)."""
+    if _lines(got) == _lines(expected):
+        return True
+    got_tokens, expected_tokens = got.split(), expected.split()
+    return len(got_tokens) == len(expected_tokens) and all(
+        a == b or _close_numbers(a, b) for a, b in zip(got_tokens, expected_tokens)
+    )
+
+
+def same_value(got: Any, expected: Any) -> bool:
+    """Return-value equality after a JSON round trip: floats within 1e-6, lists and dicts element-wise."""
+    if isinstance(got, bool) or isinstance(expected, bool):
+        return got is expected
+    if isinstance(got, (int, float)) and isinstance(expected, (int, float)):
+        return math.isclose(got, expected, rel_tol=1e-6, abs_tol=1e-6)
+    if isinstance(got, list) and isinstance(expected, list):
+        return len(got) == len(expected) and all(map(same_value, got, expected))
+    if isinstance(got, dict) and isinstance(expected, dict):
+        return got.keys() == expected.keys() and all(same_value(got[k], expected[k]) for k in got)
+    return got == expected
+
+
+def _lines(text: str) -> list[str]:
+    lines = [line.rstrip() for line in text.replace("\r\n", "\n").split("\n")]
+    while lines and not lines[-1]:
+        lines.pop()
+    return lines
+
+
+def _close_numbers(a: str, b: str) -> bool:
+    try:
+        x, y = float(a), float(b)
+    except ValueError:
+        return False
+    return math.isclose(x, y, rel_tol=1e-6, abs_tol=1e-6)
+
+
+def _clip(text: str) -> str:
+    text = text.rstrip("\n")
+    return text if len(text) <= _CLIP else text[:_CLIP] + "..."
+
+
+@ENVS.register("code")
+class CodeEnv(TextEnv):
+    """Write a Python program that passes a programming problem's hidden tests.
+
+    ## Description
+    Each reset picks a problem (from `seed`): by default one of the 28 built-in easy
+    problems (`code_problems.BUILTIN_PROBLEMS`: sums, string reversal, FizzBuzz,
+    palindromes, counting, ...; 18 read stdin and print, 10 ask for a function), or
+    one from a local JSONL file in the TACO, LiveCodeBench or DeepCoder layout
+    (`problems=path`, see `code_problems.load_problems`). The program is run once per
+    test in the sandbox (`ragen2.envs.sandbox`: separate process, own uid, no network,
+    CPU/memory/output/process limits), `workers` tests at a time.
+    `reset(options={"problem": id})` picks a problem by id. `solve()` returns the
+    problem's reference solution (every built-in problem has one).
+
+    ## Actions
+    One Python 3 program, optionally inside a ```python fenced block (the last fenced
+    block is used). stdin problems read standard input and print the answer; function
+    problems define the named function (or a `Solution` class method), which is called
+    with each test's arguments. Text that is not a compilable program (empty, prose,
+    a syntax error) is an invalid action. `valid_actions()` gives three trivial
+    well-formed programs for random agents (echo the input / return the first
+    argument, print or return 0, return None); they rarely pass.
+
+    ## Observation
+    At reset, the problem statement (built-ins add the first test as an example). After
+    an attempt: `Passed k/n tests.`; with `feedback=True` a failed attempt also shows
+    the first failing test (input, expected, got; each clipped to 200 characters) and
+    the attempts left.
+
+    ## Rewards
+    The fraction of tests the program passes. With `feedback=True` each attempt's
+    reward is its pass fraction minus the previous attempt's, so an episode's return
+    is the pass fraction of its final attempt, wherever the episode stops.
+
+    ## Episode end
+    `feedback=False` (default): terminated after the one attempt. `feedback=True`:
+    terminated when every test passes, truncated after `max_tries` attempts.
+    Invalid actions do not count as attempts.
+
+    ## Info
+    - `action_is_valid` (bool): the text held a compilable program.
+    - `success` (bool): the program passed every test.
+    """
+
+    instruction: ClassVar[str] = (
+        "You are solving a programming problem in Python 3. Write one complete program.\n"
+        "If the problem names a function, define it: it is called with each test's arguments and its return "
+        "value is checked. Otherwise read standard input and print the answer to standard output.\n"
+        "Only the standard library is available; the network, subprocesses and files outside the working "
+        "directory are not.\n"
+        "Reward: the fraction of hidden tests your program passes. When failing tests are reported back, "
+        "you may answer again with a corrected program.\n"
+        "Answer as <think>...</think><answer>```python\n...your program...\n```</answer>: exactly one program. "
+        "Never write || in it: || separates actions."
+    )
+    info_keys: ClassVar[frozenset[str]] = frozenset({"action_is_valid", "success"})
+
+    def __init__(
+        self,
+        problems: str | None = None,
+        feedback: bool = False,
+        max_tries: int = 3,
+        max_tests: int | None = None,
+        limits: dict | None = None,
+        workers: int = 2,
+    ) -> None:
+        if max_tries < 1:
+            raise ConfigError(f"max_tries={max_tries} is not allowed: use an integer >= 1")
+        if max_tests is not None and max_tests < 1:
+            raise ConfigError(f"max_tests={max_tests} is not allowed: use null (all tests) or an integer >= 1")
+        if workers < 1:
+            raise ConfigError(f"workers={workers} is not allowed: use an integer >= 1")
+        if problems is None:
+            self.problems = [Problem(p.id, p.statement, p.tests[:max_tests], p.fn_name, p.solution) for p in BUILTIN_PROBLEMS]
+        else:
+            self.problems = load_problems(problems, max_tests=max_tests)
+        self._by_id = {p.id: p for p in self.problems}
+        self.feedback = feedback
+        self.max_tries = max_tries
+        self.max_actions = max_tries if feedback else 1
+        self.limits = Limits.from_dict(limits)
+        self.workers = workers
+        self._problem: Problem | None = None
+        self._tries = 0
+        self._last_fraction = 0.0
+        self._observation = ""
+        self._done = False
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
+        """Pick a problem from `seed`, or `options["problem"]` (an id) when given."""
+        gym.Env.reset(self, seed=seed)  # seeds self.np_random; TextEnv.reset is abstract
+        if options and "problem" in options:
+            pid = options["problem"]
+            if pid not in self._by_id:
+                raise ConfigError(f"unknown problem id {pid!r}." + did_you_mean(str(pid), self._by_id))
+            self._problem = self._by_id[pid]
+        else:
+            self._problem = self.problems[int(self.np_random.integers(len(self.problems)))]
+        self._tries, self._last_fraction, self._done = 0, 0.0, False
+        self._observation = self._problem.statement
+        return self._observation, {}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+        problem = self._require_running()
+        program = parse_program(str(action))
+        if program is None:
+            return self._observation, 0.0, False, False, {"action_is_valid": False, "success": False}
+        outcomes = grade(problem, program, self.limits, self.workers)
+        passed = sum(ok for ok, _ in outcomes)
+        fraction = passed / len(outcomes)
+        reward = fraction - self._last_fraction
+        self._tries += 1
+        self._last_fraction = fraction
+        success = passed == len(outcomes)
+        terminated = success or not self.feedback
+        truncated = not terminated and self._tries >= self.max_tries
+        self._done = terminated or truncated
+        self._observation = self._report(problem, outcomes)
+        return self._observation, reward, terminated, truncated, {"action_is_valid": True, "success": success}
+
+    def _report(self, problem: Problem, outcomes: list[tuple[bool, str]]) -> str:
+        passed = sum(ok for ok, _ in outcomes)
+        text = f"Passed {passed}/{len(outcomes)} tests."
+        failed = next((i for i, (ok, _) in enumerate(outcomes) if not ok), None)
+        if not self.feedback or failed is None:
+            return text
+        test = problem.tests[failed]
+        given = test.input if problem.fn_name is None else call_text(problem.fn_name, test.input)
+        expected = test.expected if problem.fn_name is None else repr(test.expected)
+        text += (
+            f"\nFirst failing test:\nInput:\n{_clip(given)}\nExpected:\n{_clip(expected)}\n"
+            f"Got:\n{_clip(outcomes[failed][1]) or '(no output)'}"
+        )
+        left = self.max_tries - self._tries
+        return text + (f"\nAttempts left: {left}. Answer with a corrected program." if left else "")
+
+    def valid_actions(self) -> list[str]:
+        problem = self._require_problem()
+        if problem.fn_name is None:
+            return ["print(input())", "print(0)", "import sys\nprint(sys.stdin.read())"]
+        fn = problem.fn_name
+        return [f"def {fn}(*args):\n    return args[0]", f"def {fn}(*args):\n    return 0",
+                f"def {fn}(*args):\n    return None"]  # fmt: skip
+
+    def solve(self) -> list[str] | None:
+        """The problem's reference program as the one action, or None when it has none."""
+        solution = self._require_problem().solution
+        return None if solution is None else [solution]
+
+    @property
+    def problem(self) -> Problem:
+        return self._require_problem()
+
+    def _require_problem(self) -> Problem:
+        if self._problem is None:
+            raise RuntimeError("CodeEnv has no problem yet: call reset() first")
+        return self._problem
+
+    def _require_running(self) -> Problem:
+        problem = self._require_problem()
+        if self._done:
+            raise RuntimeError("step() called after the episode ended: call reset() first")
+        return problem

@@ -1,0 +1,747 @@
+"""The RL training loop: multi-turn rollouts, SNR-aware filtering and a PPO-style update.
+
+One step is a list of named, timed phases (each logged as `timing_s/<phase>`):
+
+    rollout    play P groups x G episodes with the current policy (ragen2.agent.rollout)
+    filter     keep the groups whose returns vary most (ragen2.filtering, RAGEN-2 §6)
+    advantage  advantages of the kept groups only, so group baselines stay intact
+    update     clipped policy-gradient epochs over mini-batches (+ the critic for PPO)
+    evaluate   held-out episodes every `trainer.eval_every` steps and at the end
+    checkpoint every `trainer.save_every` steps and at the end (ragen2.rl.checkpoint)
+
+Reproducibility: all randomness of a step is drawn from seeds derived from
+(`trainer.seed`, step): the environment seeds, torch's sampling RNG before the rollout and
+before evaluation, and the mini-batch order. Nothing carries over from one step to the next
+except the weights and optimizer state, which checkpoints hold, so a run resumed from a
+checkpoint samples and updates exactly as the uninterrupted run would (bit for bit on CPU;
+GPU kernels may differ in the last bits).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import signal
+import sys
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from ragen2.agent import HFBackend, RolloutStats, Trajectory, group_seeds, rollout, summarize
+from ragen2.config import Config, save_config, to_dict
+from ragen2.envs import EVAL_SEED_OFFSET
+from ragen2.errors import CheckpointError, ConfigError
+from ragen2.evaluate import evaluate
+from ragen2.filtering import group_stats, loss_scale, select_groups
+from ragen2.models.loading import load_policy, resolve_device, resolve_model_path
+from ragen2.rl.advantages import (
+    broadcast_to_tokens,
+    drgrpo_advantages,
+    gae_advantages,
+    grpo_advantages,
+    place_terminal_reward,
+    reinforce_pp_advantages,
+    rloo_advantages,
+)
+from ragen2.rl.batch import Batch, build_batch
+from ragen2.rl.checkpoint import load_checkpoint, mark_latest, save_checkpoint, set_rng_state
+from ragen2.rl.critic import critic_values, load_critic
+from ragen2.rl.losses import aggregate, entropy_from_logits, kl_penalty, policy_loss, token_logprobs, value_loss
+from ragen2.tracking import Progress, Tracker, read_metrics
+
+log = logging.getLogger(__name__)
+
+# Loss aggregation each algorithm uses when `algo.loss_agg` is null (docs/algorithms.md).
+DEFAULT_LOSS_AGG = {
+    "ppo": "token-mean",
+    "grpo": "token-mean",
+    "drgrpo": "seq-mean-token-sum",
+    "dapo": "token-mean",
+    "rloo": "token-mean",
+    "reinforce_pp": "token-mean",
+}
+
+# Outcome estimators: one advantage per trajectory from its return and its group's returns.
+OUTCOME_ADVANTAGES = {
+    "grpo": grpo_advantages,
+    "dapo": grpo_advantages,
+    "drgrpo": drgrpo_advantages,
+    "rloo": rloo_advantages,
+}
+
+
+@dataclass
+class Run:
+    """Everything the phases read or update; a checkpoint saves the parts that change."""
+
+    config: Config
+    run_dir: Path
+    device: torch.device
+    policy: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    optimizer: torch.optim.Optimizer
+    tracker: Tracker
+    critic: PreTrainedModel | None = None  # PPO only
+    critic_optimizer: torch.optim.Optimizer | None = None
+    reference: PreTrainedModel | None = None  # frozen initial policy, only when algo.kl_coef > 0
+    step: int = 0  # last completed (logged) step
+    saved_step: int = 0  # step of the newest checkpoint marked latest
+    skipped_in_a_row: int = 0  # consecutive steps where filtering kept nothing
+    stop_reason: str | None = None  # set when the run ends before trainer.total_steps
+    clean: bool = True  # False while a step's update has changed the weights but is not logged yet
+
+
+def train(config: Config, resume_dir: Path | None = None) -> str:
+    """Train `config`'s policy on its environment; returns the summary table as text.
+
+    With `resume_dir` the run continues from that directory's latest checkpoint, and the
+    steps after the checkpoint are logged again (each step appears once in metrics.jsonl).
+    Ctrl-C stops after writing a checkpoint of the last completed step, then re-raises
+    KeyboardInterrupt.
+    """
+    run = setup(config, resume_dir)
+    total = config.trainer.total_steps
+    with run.tracker, _Interrupts() as interrupts, Progress(total, config.logging.progress, start=run.step) as progress:
+        try:
+            if run.step == 0 and config.trainer.eval_every > 0:
+                initial_evaluation(run)
+            for step in range(run.step + 1, total + 1):
+                metrics = training_step(run, step, interrupts)
+                progress.update(
+                    step,
+                    reward=metrics["rollout/return_mean"],
+                    success=metrics["rollout/success_rate"],
+                    entropy=metrics.get("train/entropy"),
+                    eval_success=metrics.get("eval/success_rate"),
+                )
+                if run.stop_reason:
+                    log.warning("stopping at step %d: %s", step, run.stop_reason)
+                    break
+        except KeyboardInterrupt:
+            on_interrupt(run)
+            raise
+    return summary_table(run)
+
+
+def training_step(run: Run, step: int, interrupts: _Interrupts) -> dict[str, float]:
+    """One RL iteration, phase by phase; returns the metrics it logged for `step`."""
+    cfg = run.config.trainer
+    timer = _PhaseTimer()
+    with timer("rollout"):
+        trajectories, metrics = rollout_phase(run, step)
+    with timer("filter"):
+        kept, filter_metrics = filter_phase(run, trajectories)
+    metrics |= filter_metrics
+    with interrupts.deferred():  # the weights change from here on: finish the step before stopping
+        run.clean = False
+        if kept:
+            run.skipped_in_a_row = 0
+            with timer("advantage"):
+                batch = advantage_phase(run, kept)
+            scale = loss_scale(int(metrics["filter/kept_groups"]), run.config.rollout.num_groups,
+                               run.config.filter.loss_scale)
+            with timer("update"):
+                metrics |= update_phase(run, batch, step, scale)
+        else:
+            skip_step(run, step, metrics)
+        last = step == cfg.total_steps or run.stop_reason is not None
+        if cfg.eval_every > 0 and (step % cfg.eval_every == 0 or last):
+            with timer("evaluate"):
+                metrics |= evaluate_phase(run, step)
+        save = last or (cfg.save_every > 0 and step % cfg.save_every == 0)
+        if save:
+            with timer("checkpoint"):
+                checkpoint_phase(run, step)
+        metrics |= timer.metrics() | {"system/peak_memory_mb": _peak_memory_mb(run.device)}
+        run.tracker.log(step, metrics)
+        if save:  # only now, with the step's metrics on disk, may a resume start after it
+            mark_latest(run.run_dir, step)
+            run.saved_step = step
+        run.step, run.clean = step, True
+    return metrics
+
+
+# ----------------------------------------------------------------------------- phases
+
+
+def rollout_phase(run: Run, step: int) -> tuple[list[Trajectory], dict[str, float]]:
+    """P x G episodes on training seeds; group g is G episodes of one environment seed."""
+    cfg = run.config
+    P, G = cfg.rollout.num_groups, cfg.rollout.group_size
+    base = derived_seed(cfg.trainer.seed, step, "env") % (EVAL_SEED_OFFSET - P)  # below the held-out seeds
+    seeds, group_ids = group_seeds(base, P, G)
+    torch.manual_seed(derived_seed(cfg.trainer.seed, step, "rollout"))
+    stats = RolloutStats()
+    backend = HFBackend(run.policy, run.tokenizer)
+    trajectories = rollout(
+        backend, run.tokenizer, cfg.env.name, cfg.env.kwargs, seeds, group_ids, cfg=cfg.rollout, stats=stats
+    )
+    returns = np.array([t.episode_return for t in trajectories])
+    metrics = summarize(trajectories) | {
+        "rollout/return_std": float(returns.std()),
+        "timing_s/generate": stats.generate_s,
+    }
+    return trajectories, metrics
+
+
+def filter_phase(run: Run, trajectories: list[Trajectory]) -> tuple[list[Trajectory], dict[str, float]]:
+    """SNR-aware filtering: keep whole groups, ranked by reward variance (or `filter.metric`)."""
+    f, P, G = run.config.filter, run.config.rollout.num_groups, run.config.rollout.group_size
+    rewards = np.array([t.episode_return for t in trajectories]).reshape(P, G)  # [P, G], group-major
+    scores = _measured_scores(run, trajectories, f.metric)  # [P, G] for length / entropy, else None
+    kept_groups = select_groups(rewards, f.strategy, f.value, f.metric, f.include_zero, f.eps, f.ddof, f.order, scores)
+    kept = set(kept_groups.tolist())
+    metrics = {f"rollout/{k}": v for k, v in group_stats(rewards, f.ddof, f.eps).items()}
+    metrics |= {
+        "filter/kept_ratio": len(kept) / P,
+        "filter/kept_groups": float(len(kept)),
+        "filter/skipped": float(not kept),
+    }
+    return [t for t in trajectories if t.group_id in kept and t.samples], metrics
+
+
+def advantage_phase(run: Run, kept: list[Trajectory]) -> Batch:
+    """Pad the kept trajectories into a Batch and attach advantages (and PPO's value targets)."""
+    a = run.config.algo
+    batch = build_batch(kept, run.tokenizer.pad_token_id).to(run.device)
+    if a.name == "ppo":
+        with torch.no_grad():
+            batch.old_values = _in_micro_batches(
+                lambda mb: critic_values(run.critic, mb.input_ids, mb.attention_mask), batch, a.micro_batch_size
+            )
+        token_rewards = place_terminal_reward(batch.returns, batch.mask)  # [B, T-1], return on the last model token
+        advantages, batch.value_targets = gae_advantages(token_rewards, batch.old_values, batch.mask, a.gamma, a.lam)
+    elif a.name == "reinforce_pp":
+        advantages = reinforce_pp_advantages(batch.returns, batch.mask, a.gamma)
+    else:
+        # Per trajectory, not per sequence: with one sequence per turn, a long episode must
+        # not weigh more in its group's baseline.
+        returns = torch.tensor([t.episode_return for t in kept], device=run.device)  # [N]
+        groups = torch.tensor([t.group_id for t in kept], device=run.device)  # [N]
+        per_trajectory = OUTCOME_ADVANTAGES[a.name](returns, groups)  # [N]
+        advantages = broadcast_to_tokens(per_trajectory[batch.traj_index], batch.mask)  # [B, T-1]
+    batch.advantages = a.task_advantage_scale * advantages
+    return batch
+
+
+def update_phase(run: Run, batch: Batch, step: int, scale: float) -> dict[str, float]:
+    """`algo.ppo_epochs` passes over `batch` in shuffled mini-batches, one optimizer step each.
+
+    `scale` multiplies the actor loss (`filter.loss_scale`). Returns `train/...` metrics:
+    means over the optimizer steps, and the count of steps skipped for a non-finite value.
+    """
+    a, cfg = run.config.algo, run.config
+    with torch.no_grad():  # the policy before this update: the denominator of the PPO ratio
+        batch.old_logp = _in_micro_batches(lambda mb: _logprobs(run.policy, mb), batch, a.micro_batch_size)
+        if a.kl_coef > 0:
+            batch.ref_logp = _in_micro_batches(lambda mb: _logprobs(run.reference, mb), batch, a.micro_batch_size)
+    factor = lr_factor(step, cfg.optim.warmup_steps, cfg.optim.schedule, cfg.trainer.total_steps)
+    _set_lr(run.optimizer, cfg.optim.lr * factor)
+    if run.critic_optimizer is not None:
+        _set_lr(run.critic_optimizer, a.critic_lr * factor)
+    order = torch.Generator().manual_seed(derived_seed(cfg.trainer.seed, step, "minibatch"))
+    history: dict[str, list[float]] = defaultdict(list)
+    for _ in range(a.ppo_epochs):
+        for rows in torch.randperm(len(batch), generator=order).split(a.mini_batch_size):
+            mini = batch.select(rows.to(run.device))
+            stats = policy_step(run, mini, scale)
+            if run.critic is not None:
+                critic_stats = critic_step(run, mini)
+                stats["value_loss"] = critic_stats["value_loss"]
+                stats["skipped_nonfinite"] += critic_stats["skipped_nonfinite"]
+            for key, value in stats.items():
+                history[key].append(value)
+    skipped = sum(history.pop("skipped_nonfinite"))
+    if skipped:
+        run.tracker.log_event(
+            "skipped_nonfinite", f"{skipped} optimizer step(s) skipped: loss or gradient not finite", step
+        )
+    metrics = {f"train/{key}": _finite_mean(values) for key, values in history.items()}
+    return metrics | {"train/lr": cfg.optim.lr * factor, "train/skipped_nonfinite": float(skipped)}
+
+
+def policy_step(run: Run, mini: Batch, scale: float) -> dict[str, float]:
+    """One actor optimizer step on a mini-batch, accumulating gradients over micro-batches.
+
+    Every micro-batch loss is normalised by the *mini-batch's* token and sequence counts, so
+    the accumulated gradient is that of the whole mini-batch's aggregated loss, not a mean of
+    per-micro-batch means. A non-finite loss or gradient norm skips the step: gradients are
+    dropped and the weights and optimizer state stay as they were.
+    """
+    a = run.config.algo
+    agg, norm = _loss_agg(run.config), _norm_tokens(run.config)
+    counts = {"batch_tokens": mini.mask.sum(), "batch_seqs": (mini.mask.sum(dim=1) > 0).sum()}
+    tokens = counts["batch_tokens"].clamp_min(1)
+    totals: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), device=run.device))
+    run.optimizer.zero_grad(set_to_none=True)
+    for rows in torch.arange(len(mini), device=run.device).split(a.micro_batch_size):
+        mb = mini.select(rows)
+        logits = run.policy(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1]  # [b, t-1, V]
+        logp = token_logprobs(logits, mb.targets)  # [b, t-1]
+        entropy = entropy_from_logits(logits)  # [b, t-1], over the full vocabulary
+        pg_loss, pg_stats = policy_loss(
+            logp, mb.old_logp, mb.advantages, mb.mask, a.clip_low, a.clip_high, agg, norm_tokens=norm, **counts
+        )
+        loss = pg_loss - a.entropy_coef * aggregate(entropy, mb.mask, agg, norm, **counts)
+        if mb.ref_logp is not None:
+            kl = kl_penalty(logp, mb.ref_logp, a.kl_estimator)  # [b, t-1]
+            loss = loss + a.kl_coef * aggregate(kl, mb.mask, agg, norm, **counts)
+            totals["kl"] += (kl.detach() * mb.mask).sum() / tokens
+        (scale * loss).backward()
+        share = mb.mask.sum() / tokens  # this micro-batch's part of the mini-batch's tokens
+        totals["loss"] += loss.detach()
+        totals["policy_loss"] += pg_loss.detach()
+        totals["entropy"] += (entropy.detach() * mb.mask).sum() / tokens
+        totals["clipfrac"] += pg_stats["clipfrac"] * share
+        totals["approx_kl"] += pg_stats["approx_kl"] * share
+    grad_norm = _clip_and_step(run.optimizer, totals.pop("loss"), run.config.optim.grad_clip)
+    return {key: value.item() for key, value in totals.items()} | grad_norm
+
+
+def critic_step(run: Run, mini: Batch) -> dict[str, float]:
+    """One critic optimizer step (PPO) on the mini-batch: clipped value regression onto the GAE returns."""
+    a = run.config.algo
+    counts = {"batch_tokens": mini.mask.sum(), "batch_seqs": (mini.mask.sum(dim=1) > 0).sum()}
+    total = torch.zeros((), device=run.device)
+    run.critic_optimizer.zero_grad(set_to_none=True)
+    for rows in torch.arange(len(mini), device=run.device).split(a.micro_batch_size):
+        mb = mini.select(rows)
+        values = critic_values(run.critic, mb.input_ids, mb.attention_mask)  # [b, t-1]
+        loss, _ = value_loss(values, mb.old_values, mb.value_targets, mb.mask, a.value_clip, "token-mean", **counts)
+        loss.backward()
+        total += loss.detach()
+    result = _clip_and_step(run.critic_optimizer, total, run.config.optim.grad_clip)
+    return {"value_loss": total.item(), "skipped_nonfinite": result["skipped_nonfinite"]}
+
+
+def evaluate_phase(run: Run, step: int) -> dict[str, float]:
+    """Held-out episodes at `trainer.eval_temperature`; a few are written to rollouts/step_N.jsonl."""
+    cfg = run.config
+    torch.manual_seed(derived_seed(cfg.trainer.seed, step, "evaluate"))
+    rollout_cfg = dataclasses.replace(cfg.rollout, temperature=cfg.trainer.eval_temperature)
+    metrics, trajectories = evaluate(
+        run.policy, run.tokenizer, cfg.env.name, cfg.env.kwargs, rollout_cfg, cfg.trainer.eval_episodes
+    )
+    write_rollout_records(
+        run.run_dir / "rollouts" / f"step_{step}.jsonl", trajectories[: cfg.logging.sample_trajectories], run.tokenizer
+    )
+    return metrics
+
+
+def checkpoint_phase(run: Run, step: int) -> None:
+    state = {
+        "optimizer": run.optimizer.state_dict(),
+        "critic_optimizer": run.critic_optimizer.state_dict() if run.critic_optimizer else None,
+        "skipped_in_a_row": run.skipped_in_a_row,
+    }
+    save_checkpoint(run.run_dir, step, run.policy, run.tokenizer, run.config, state, run.critic)
+
+
+def skip_step(run: Run, step: int, metrics: dict[str, float]) -> None:
+    """Record a step without an update; stop the run after `trainer.max_skipped_steps` in a row."""
+    run.skipped_in_a_row += 1
+    zero = metrics["rollout/frac_zero_variance"]
+    reason = (
+        f"no group kept: {zero:.0%} of the {run.config.rollout.num_groups} groups have reward variance <= "
+        f"filter.eps={run.config.filter.eps}" if zero > 0 else "no kept group has a training sample"
+    )
+    run.tracker.log_event("skipped_step", f"step {step} skipped: {reason}", step)
+    limit = run.config.trainer.max_skipped_steps
+    if run.skipped_in_a_row >= limit:
+        run.stop_reason = (
+            f"{limit} consecutive steps had nothing to train on ({reason}). Every rollout of a seed gets "
+            "the same return: the task is solved or out of reach. Try filter.include_zero=true, a larger "
+            "rollout.group_size or a higher rollout.temperature."
+        )
+        run.tracker.log_event("early_stop", run.stop_reason, step)
+
+
+def initial_evaluation(run: Run) -> None:
+    """Evaluate the starting policy as step 0, so learning shows against it."""
+    start = time.perf_counter()
+    metrics = evaluate_phase(run, 0)
+    run.tracker.log(0, metrics | {"timing_s/evaluate": time.perf_counter() - start})
+
+
+def on_interrupt(run: Run) -> None:
+    """Ctrl-C: checkpoint the last completed step unless a step was cut off mid-update."""
+    if not run.clean:
+        log.warning("aborted inside step %d's update: no checkpoint written (latest: step %d)", run.step + 1, run.saved_step)
+        return
+    if run.step > run.saved_step:
+        checkpoint_phase(run, run.step)
+        mark_latest(run.run_dir, run.step)
+        run.saved_step = run.step
+    run.tracker.log_event("interrupted", f"interrupted after step {run.step}; checkpoint at step {run.saved_step}", run.step)
+    log.warning("interrupted: resume with `ragen2 train --resume %s`", run.run_dir)
+
+
+# ----------------------------------------------------------------------------- setup
+
+
+def setup(config: Config, resume_dir: Path | None = None) -> Run:
+    """Build the run: directory, config.yaml, policy (+ critic, reference), optimizers, tracker.
+
+    On resume, weights, optimizer states and RNG states come from the latest checkpoint of
+    `resume_dir`, and its metrics after that checkpoint are dropped (they will be redone).
+    """
+    checkpoint = load_checkpoint(resume_dir) if resume_dir is not None else None
+    run_dir = Path(resume_dir) if resume_dir is not None else _new_run_dir(config)
+    config = dataclasses.replace(config, trainer=dataclasses.replace(config.trainer, run_dir=str(run_dir)))
+    if checkpoint is None:
+        save_config(config, run_dir / "config.yaml")
+    log.info("run directory: %s\nresolved config:\n%s", run_dir, yaml.safe_dump(to_dict(config), sort_keys=False))
+    torch.manual_seed(config.trainer.seed)  # initialisation of new heads and adapters
+    device = resolve_device(config.model.device)
+    policy, tokenizer = _load_trainable_policy(config, device, checkpoint)
+    critic = None
+    if config.algo.name == "ppo":
+        source = checkpoint.critic_path if checkpoint else None
+        if checkpoint is not None and source is None:
+            raise CheckpointError(f"checkpoint {checkpoint.path} has no critic/ directory, which algo.name=ppo needs")
+        critic = load_critic(str(source or resolve_model_path(config.model.path)), device, config.model.dtype,
+                             fresh_head=source is None)
+        critic.train()
+    reference = _reference_policy(config, policy, device) if config.algo.kl_coef > 0 else None
+    o = config.optim
+    optimizer = torch.optim.AdamW(
+        [p for p in policy.parameters() if p.requires_grad], lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay
+    )
+    critic_optimizer = None
+    if critic is not None:
+        critic_optimizer = torch.optim.AdamW(
+            critic.parameters(), lr=config.algo.critic_lr, betas=tuple(o.betas), weight_decay=o.weight_decay
+        )
+    tracker = Tracker(
+        run_dir, to_dict(config), tensorboard=config.logging.tensorboard,
+        wandb=config.logging.wandb, wandb_project=config.logging.wandb_project,
+    )
+    run = Run(config, run_dir, device, policy, tokenizer, optimizer, tracker, critic, critic_optimizer, reference)
+    if checkpoint is not None:
+        _restore(run, checkpoint)
+    return run
+
+
+def _new_run_dir(config: Config) -> Path:
+    """`trainer.run_dir`, or runs/<env>-<algo>-<time>; refuses a directory that already holds a run."""
+    if config.trainer.run_dir:
+        run_dir = Path(config.trainer.run_dir)
+        if (run_dir / "metrics.jsonl").exists():
+            raise ConfigError(
+                f"trainer.run_dir={run_dir} already holds a run; continue it with "
+                f"`ragen2 train --resume {run_dir}` or choose another directory"
+            )
+    else:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        run_dir = Path("runs") / f"{config.env.name}-{config.algo.name}-{stamp}"
+        n = 1
+        while run_dir.exists():
+            n += 1
+            run_dir = Path("runs") / f"{config.env.name}-{config.algo.name}-{stamp}-{n}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+def _load_trainable_policy(config: Config, device: torch.device, checkpoint) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The policy (from the checkpoint when resuming), with LoRA and gradient checkpointing as configured."""
+    m = config.model
+    try:
+        if m.lora_rank > 0:
+            from peft import LoraConfig, PeftModel, get_peft_model
+
+            base, tokenizer = load_policy(m.path, m.device, m.dtype)
+            if checkpoint is not None:
+                policy = PeftModel.from_pretrained(base, checkpoint.path, is_trainable=True)
+            else:
+                lora = LoraConfig(r=m.lora_rank, lora_alpha=m.lora_alpha, target_modules=list(m.lora_target_modules),
+                                  task_type="CAUSAL_LM")
+                policy = get_peft_model(base, lora)
+        else:
+            policy, tokenizer = load_policy(str(checkpoint.path) if checkpoint else m.path, m.device, m.dtype)
+    except (OSError, ValueError) as e:
+        if checkpoint is None:
+            raise
+        raise CheckpointError(f"checkpoint {checkpoint.path}: cannot load the policy ({type(e).__name__}: {e})") from e
+    if m.gradient_checkpointing:
+        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    policy.to(device).train()
+    return policy, tokenizer
+
+
+def _reference_policy(config: Config, policy: PreTrainedModel, device: torch.device) -> PreTrainedModel:
+    """The frozen initial policy the KL penalty pulls toward.
+
+    Loaded from `model.path`, not copied from the policy, so a resumed run keeps the same
+    reference. With LoRA the base weights are the reference: the adapter-free model.
+    """
+    if config.model.lora_rank > 0:
+        return _AdapterFree(policy)
+    reference, _ = load_policy(config.model.path, config.model.device, config.model.dtype)
+    reference.to(device).eval().requires_grad_(False)
+    return reference
+
+
+class _AdapterFree(torch.nn.Module):
+    """A LoRA policy seen with its adapters switched off: the frozen base model, without a copy."""
+
+    def __init__(self, peft_model: torch.nn.Module):
+        super().__init__()
+        self.peft_model = peft_model
+
+    def forward(self, **inputs):
+        with self.peft_model.disable_adapter():
+            return self.peft_model(**inputs)
+
+
+def _restore(run: Run, checkpoint) -> None:
+    state = checkpoint.state
+    try:
+        run.optimizer.load_state_dict(state["optimizer"])
+        if run.critic_optimizer is not None:
+            run.critic_optimizer.load_state_dict(state["critic_optimizer"])
+        set_rng_state(state["rng"])
+    except (KeyError, ValueError, TypeError, RuntimeError) as e:
+        raise CheckpointError(
+            f"checkpoint {checkpoint.path}: its trainer state does not fit this run ({type(e).__name__}: {e})"
+        ) from e
+    run.step = run.saved_step = checkpoint.step
+    run.skipped_in_a_row = int(state.get("skipped_in_a_row", 0))
+    run.tracker.truncate_after(checkpoint.step)
+    log.info("resumed from %s (step %d)", checkpoint.path, checkpoint.step)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def derived_seed(seed: int, step: int, purpose: str) -> int:
+    """A 63-bit seed that depends only on (seed, step, purpose).
+
+    Reseeding every step from this, rather than letting one RNG stream run through the
+    whole training, is what makes a resumed run sample exactly like an uninterrupted one.
+    """
+    digest = hashlib.sha256(f"{seed}/{step}/{purpose}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def lr_factor(step: int, warmup_steps: int, schedule: str, total_steps: int) -> float:
+    """Multiplier of the base learning rate at RL step `step` (1-based).
+
+    Linear warm-up over the first `warmup_steps` steps, then constant, or a linear or cosine
+    decay that would reach 0 one step after `total_steps` (so the last step still learns).
+    """
+    if step <= warmup_steps:
+        return step / warmup_steps
+    progress = (step - warmup_steps - 1) / max(1, total_steps - warmup_steps)  # in [0, 1)
+    if schedule == "linear":
+        return 1.0 - progress
+    if schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+    return 1.0
+
+
+def write_rollout_records(path: Path, trajectories: list[Trajectory], tokenizer: PreTrainedTokenizerBase) -> None:
+    """One JSON object per turn, in the rollout-record format `ragen2 diagnose` reads (DESIGN §4).
+
+    `group` is the environment seed (turns of the same input share it); `prompt` is the
+    full context the model saw, chat template included.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for episode, traj in enumerate(trajectories):
+            for turn_index, turn in enumerate(traj.turns):
+                record = {
+                    "group": traj.seed,
+                    "prompt": tokenizer.decode(turn.prompt_ids, skip_special_tokens=False),
+                    "reasoning": turn.reasoning,
+                    "response": turn.response_text,
+                    "reward": turn.reward,
+                    "episode": episode,
+                    "turn": turn_index,
+                }
+                f.write(json.dumps(record) + "\n")
+
+
+def summary_table(run: Run) -> str:
+    """The end-of-run table the CLI prints, read back from metrics.jsonl (so resumed runs are whole)."""
+    records = read_metrics(run.run_dir)
+
+    def series(key: str) -> list[tuple[int, float]]:
+        return [(r["step"], r[key]) for r in records if r.get(key) is not None]
+
+    evals, train_success = series("eval/success_rate"), series("rollout/success_rate")
+    step_times, memory = series("timing_s/step"), series("system/peak_memory_mb")
+    rows = [("steps", f"{run.step} / {run.config.trainer.total_steps}")]
+    if evals:
+        first, final = evals[0], evals[-1]
+        peak = max(evals, key=lambda sv: sv[1])
+        rows += [
+            ("eval success (start)", f"{first[1]:.3f} (step {first[0]})"),
+            ("eval success (final)", f"{final[1]:.3f} (step {final[0]})"),
+            ("eval success (peak)", f"{peak[1]:.3f} (step {peak[0]})"),
+        ]
+    if train_success:
+        rows.append(("train success (final)", f"{train_success[-1][1]:.3f}"))
+    if step_times:
+        rows.append(("mean step time", f"{np.mean([v for _, v in step_times]):.1f} s"))
+    if memory:
+        rows.append(("peak memory", f"{max(v for _, v in memory):.0f} MB"))
+    rows.append(("run dir", str(run.run_dir)))
+    if run.stop_reason:
+        rows.append(("stopped early", run.stop_reason))
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"{name.ljust(width)}  {value}" for name, value in rows)
+
+
+def _logprobs(model: torch.nn.Module, mb: Batch) -> torch.Tensor:
+    logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1]  # [b, t-1, V]
+    return token_logprobs(logits, mb.targets)  # [b, t-1]
+
+
+def _in_micro_batches(fn, batch: Batch, size: int) -> torch.Tensor:
+    """Run `fn(micro_batch) -> [b, t-1]` over `batch` and reassemble the full [B, T-1] result."""
+    out = torch.zeros(batch.mask.shape, dtype=torch.float32, device=batch.mask.device)
+    for rows in torch.arange(len(batch), device=batch.mask.device).split(size):
+        piece = fn(batch.select(rows))
+        out[rows, : piece.shape[1]] = piece.float()
+    return out
+
+
+def _measured_scores(run: Run, trajectories: list[Trajectory], metric: str) -> np.ndarray | None:
+    """Per-episode scores [P, G] for the filter metrics the returns do not contain."""
+    P, G = run.config.rollout.num_groups, run.config.rollout.group_size
+    if metric == "length":
+        return np.array([sum(len(t.response_ids) for t in traj.turns) for traj in trajectories], float).reshape(P, G)
+    if metric != "entropy":
+        return None
+    with_samples = [t for t in trajectories if t.samples]
+    batch = build_batch(with_samples, run.tokenizer.pad_token_id).to(run.device)
+
+    def entropy(mb: Batch) -> torch.Tensor:
+        logits = run.policy(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1]
+        return entropy_from_logits(logits)
+
+    with torch.no_grad():
+        token_entropy = _in_micro_batches(entropy, batch, run.config.algo.micro_batch_size)  # [B, T-1]
+    n = len(with_samples)
+    sums = torch.zeros(n, device=run.device).index_add_(0, batch.traj_index, (token_entropy * batch.mask).sum(1))
+    counts = torch.zeros(n, device=run.device).index_add_(0, batch.traj_index, batch.mask.sum(1))
+    per_traj = dict(zip(map(id, with_samples), (sums / counts.clamp_min(1)).tolist()))
+    return np.array([per_traj.get(id(t), 0.0) for t in trajectories]).reshape(P, G)
+
+
+def _loss_agg(config: Config) -> str:
+    return config.algo.loss_agg or DEFAULT_LOSS_AGG[config.algo.name]
+
+
+def _norm_tokens(config: Config) -> float | None:
+    """Dr.GRPO's constant divisor for seq-mean-token-sum: the generation budget of one sequence."""
+    if _loss_agg(config) != "seq-mean-token-sum":
+        return None
+    r = config.rollout
+    return float(r.max_tokens_per_turn * (r.max_turns if r.context_turns is None else 1))
+
+
+def _clip_and_step(optimizer: torch.optim.Optimizer, loss: torch.Tensor, max_norm: float) -> dict[str, float]:
+    """Clip the gradient norm and step, or drop the gradients when the loss or norm is not finite."""
+    params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
+    if not (torch.isfinite(loss) and torch.isfinite(norm)):
+        optimizer.zero_grad(set_to_none=True)
+        return {"grad_norm": float("nan"), "skipped_nonfinite": 1.0}
+    optimizer.step()
+    return {"grad_norm": norm.item(), "skipped_nonfinite": 0.0}
+
+
+def _set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+def _finite_mean(values: list[float]) -> float:
+    finite = [v for v in values if math.isfinite(v)]
+    return float(np.mean(finite)) if finite else float("nan")
+
+
+def _peak_memory_mb(device: torch.device) -> float:
+    """Peak accelerator memory of the step on CUDA; peak resident memory of the process on CPU."""
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device) / 2**20
+        torch.cuda.reset_peak_memory_stats(device)
+        return peak
+    import resource  # POSIX only
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 2**20 if sys.platform == "darwin" else rss / 2**10  # bytes on macOS, KiB on Linux
+
+
+class _PhaseTimer:
+    """`with timer("rollout"): ...` records the phase's wall time as timing_s/rollout."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] = time.perf_counter() - t0
+
+    def metrics(self) -> dict[str, float]:
+        return {f"timing_s/{k}": v for k, v in self.seconds.items()} | {"timing_s/step": time.perf_counter() - self.start}
+
+
+class _Interrupts:
+    """Ctrl-C that never leaves a half-updated step behind.
+
+    Outside `deferred()` Ctrl-C raises KeyboardInterrupt at once: the weights are still those
+    of the last completed step, which the trainer then checkpoints. Inside it (update through
+    logging, where the weights change) the first Ctrl-C is held until the step is complete
+    and logged; a second one aborts at once, without a checkpoint. Signal handlers can only
+    be set from the main thread; elsewhere Ctrl-C keeps Python's default behaviour.
+    """
+
+    def __init__(self) -> None:
+        self.pending = False
+        self._deferring = False
+        self._previous = None
+
+    def __enter__(self) -> _Interrupts:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+    def _handle(self, signum, frame) -> None:
+        if self._deferring and not self.pending:
+            self.pending = True
+            log.warning("Ctrl-C: finishing the current step, then checkpointing; press Ctrl-C again to abort now")
+            return
+        raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[None]:
+        self._deferring = True
+        try:
+            yield
+        finally:
+            self._deferring = False
+        if self.pending:
+            raise KeyboardInterrupt

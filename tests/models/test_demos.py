@@ -1,0 +1,106 @@
+"""Oracle demonstrations: well-formed, solving, input-dependent, and 50/50 on the Bandit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ragen2.agent.parsing import parse_response
+from ragen2.envs import make
+from ragen2.envs.sokoban import SokobanEnv
+from ragen2.errors import ConfigError
+from ragen2.models.demos import demo_response, play_demo
+
+SEEDS = range(30)
+
+
+def replay_succeeds(env_name: str, seed: int, responses: list[str], max_actions: int) -> bool:
+    """Replay the answers' actions in a fresh env: True when the episode ends in success."""
+    env = make(env_name)
+    env.reset(seed=seed)
+    for response in responses:
+        for action in parse_response(response, max_actions).actions:
+            _, _, terminated, truncated, info = env.step(action)
+            if terminated or truncated:
+                return bool(info["success"])
+    return False
+
+
+@pytest.mark.parametrize("env_name", ["sokoban", "frozenlake"])
+def test_demonstrations_parse_and_their_actions_solve_the_episode(env_name):
+    rng = np.random.default_rng(0)
+    for seed in SEEDS:
+        episode = play_demo(env_name, {}, seed, max_turns=5, max_actions_per_turn=2, rng=rng)
+        assert episode.success, f"{env_name} seed {seed}: the oracle did not solve it"
+        for turn in episode.turns:
+            parsed = parse_response(turn.response)
+            assert parsed.valid and 1 <= len(parsed.actions) <= 2, turn.response
+            assert parsed.reasoning
+        assert replay_succeeds(env_name, seed, [t.response for t in episode.turns], 2)
+        # The budget shown falls by the actions taken, as in the rollout loop.
+        lefts = [t.actions_left for t in episode.turns]
+        assert lefts[0] == 10 and all(a - b == 2 for a, b in zip(lefts, lefts[1:]))
+
+
+@pytest.mark.parametrize("env_name", ["sokoban", "frozenlake", "bandit"])
+def test_reasoning_differs_across_inputs_and_states_the_current_position(env_name):
+    rng = np.random.default_rng(0)
+    first = []
+    for seed in SEEDS:
+        env = make(env_name)
+        obs, _ = env.reset(seed=seed)
+        reasoning = parse_response(demo_response(env, 2, rng)).reasoning
+        first.append(reasoning)
+        if env_name == "bandit":
+            assert all(arm in reasoning for arm in env.arm_names)
+        else:  # the coordinates line of the observation starts with the player's cell
+            player = obs.splitlines()[-1].split(";")[0]
+            assert reasoning.startswith(player), (reasoning, obs)
+    assert len(set(first)) >= 0.8 * len(first), first
+
+
+def test_sokoban_known_room_names_box_target_push_and_the_shortest_moves():
+    env = SokobanEnv.from_text("######\n#P___#\n#_X__#\n#_O__#\n#____#\n######")
+    assert demo_response(env, 2, np.random.default_rng(0)) == (
+        "Player at (row 1, col 1). Box at (row 2, col 2), target at (row 3, col 2): "
+        "push it Down from (row 1, col 2).</think><answer>Right || Down</answer>"
+    )
+
+
+def test_frozenlake_reasoning_names_goal_direction_and_only_real_holes():
+    rng = np.random.default_rng(0)
+    for seed in SEEDS:
+        env = make("frozenlake")
+        env.reset(seed=seed)
+        reasoning = parse_response(demo_response(env, 2, rng)).reasoning
+        (pr, pc), (gr, gc) = env.player, env.goal
+        assert ("down" in reasoning) == (gr > pr) and ("up" in reasoning) == (gr < pr)
+        assert ("right" in reasoning) == (gc > pc) and ("left" in reasoning) == (gc < pc)
+        if "hole at" in reasoning:
+            assert any(f"hole at (row {r}, col {c})" in reasoning for r, c in env.holes)
+
+
+def test_bandit_oracle_picks_either_arm_about_half_the_time_and_repeats_with_the_seed():
+    def high_rate(seed: int) -> tuple[float, list[str]]:
+        rng = np.random.default_rng(seed)
+        picks, high = [], []
+        for env_seed in range(400):
+            env = make("bandit")
+            env.reset(seed=env_seed)
+            (arm,) = parse_response(demo_response(env, 1, rng)).actions
+            assert arm in env.arm_names
+            picks.append(arm)
+            high.append(arm == env.high_arm)
+        return float(np.mean(high)), picks
+
+    rate, picks = high_rate(0)
+    assert 0.4 < rate < 0.6
+    assert high_rate(0)[1] == picks and high_rate(1)[1] != picks
+
+
+def test_unknown_environment_has_no_oracle():
+    class Other(SokobanEnv):
+        pass
+
+    with pytest.raises(ConfigError, match="no demonstration oracle for Other"):
+        demo_response(Other(), 2, np.random.default_rng(0))

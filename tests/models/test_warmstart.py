@@ -1,0 +1,124 @@
+"""Warm start: loadable, deterministic, cached atomically, trained on the rollout's own token layout."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from ragen2.agent import GenerationOutput, RolloutConfig, rollout
+from ragen2.errors import ConfigError
+from ragen2.models import warmstart as ws
+from ragen2.models.demos import play_demo
+
+# A model and data set small enough to build in a few seconds.
+TINY = dict(
+    episodes_per_env=6, steps=4, warmup_steps=2, vocab_size=400, hidden_size=32, num_layers=1,
+    num_heads=2, num_kv_heads=1, intermediate_size=64, batch_tokens=2048,
+)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> ws.Path:
+    return ws.warmstart(tmp_path_factory.mktemp("ws") / "policy", seed=0, **TINY)
+
+
+def weights(path) -> dict[str, torch.Tensor]:
+    return AutoModelForCausalLM.from_pretrained(path).state_dict()
+
+
+def test_saved_policy_loads_with_auto_classes_and_has_a_chat_template(built):
+    tokenizer = AutoTokenizer.from_pretrained(built)
+    model = AutoModelForCausalLM.from_pretrained(built)
+    assert tokenizer.chat_template
+    text = tokenizer.apply_chat_template(
+        [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}], tokenize=False, add_generation_prompt=True
+    )
+    assert text.endswith("<|im_start|>assistant\n")
+    for tag in ("<think>", "</think>", "<answer>", "</answer>"):
+        assert len(tokenizer.encode(tag, add_special_tokens=False)) == 1
+    assert model.config.vocab_size == len(tokenizer)
+    info = json.loads((built / ws.INFO_FILE).read_text())
+    assert info["key"] == ws.WarmStartConfig(seed=0, **TINY).key()
+    assert info["settings"]["steps"] == TINY["steps"] and np.isfinite(info["sft_loss_final"])
+
+
+def test_same_seed_gives_identical_weights_and_another_seed_does_not(built, tmp_path):
+    again = weights(ws.warmstart(tmp_path / "again", seed=0, **TINY))
+    other = weights(ws.warmstart(tmp_path / "other", seed=1, **TINY))
+    first = weights(built)
+    assert all(torch.equal(first[k], again[k]) for k in first)
+    assert not all(torch.equal(first[k], other[k]) for k in first if other[k].shape == first[k].shape)
+
+
+def test_second_call_reuses_the_directory_without_training(built, monkeypatch):
+    model_file = built / "model.safetensors"
+    mtime = model_file.stat().st_mtime_ns
+
+    def fail(*args, **kwargs):
+        raise AssertionError("the warm start was rebuilt although it was cached")
+
+    monkeypatch.setattr(ws, "_build", fail)
+    assert ws.warmstart(built, seed=0, **TINY) == built
+    assert model_file.stat().st_mtime_ns == mtime
+
+
+def test_default_location_is_the_cache_keyed_by_settings(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAGEN2_CACHE", str(tmp_path))
+    path = ws.warmstart(seed=0, **TINY)
+    assert path == tmp_path / f"tiny-policy-{ws.WarmStartConfig(seed=0, **TINY).key()}"
+    assert ws.WarmStartConfig(seed=0, **TINY).key() != ws.WarmStartConfig(seed=0, **{**TINY, "steps": 5}).key()
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary directory left behind
+
+
+def test_interrupted_warm_start_leaves_no_directory(tmp_path, monkeypatch):
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ws, "sft", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        ws.warmstart(tmp_path / "policy", seed=0, **TINY)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_directory_with_other_content_is_refused_and_unknown_settings_name_the_fix(built, tmp_path):
+    with pytest.raises(ConfigError, match="does not hold a warm start with these settings"):
+        ws.warmstart(built, seed=0, **{**TINY, "steps": 5})
+    with pytest.raises(ConfigError, match="Did you mean: steps"):
+        ws.warmstart(tmp_path / "x", stpes=3)
+
+
+def test_sft_loss_falls(tmp_path):
+    path = ws.warmstart(tmp_path / "p", seed=0, **{**TINY, "steps": 20, "lr": 1e-2})
+    info = json.loads((path / ws.INFO_FILE).read_text())
+    assert info["sft_loss_final"] < 0.7 * info["sft_loss_initial"], info
+
+
+class ScriptedBackend:
+    """Answers each generate call with the next scripted response (one episode at a time), decoded as a real backend does."""
+
+    def __init__(self, tokenizer, responses: list[list[int]]):
+        self.tokenizer = tokenizer
+        self.responses = list(responses)
+
+    def generate(self, prompts, *, max_new_tokens, temperature, top_p):
+        assert len(prompts) == 1
+        ids = self.responses.pop(0)
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        return [GenerationOutput(token_ids=ids, text=text, finish_reason="stop")]
+
+
+@pytest.mark.parametrize("env_name", ["sokoban", "frozenlake", "bandit"])
+def test_demonstration_samples_equal_what_a_rollout_of_the_same_responses_stores(built, env_name):
+    tokenizer = AutoTokenizer.from_pretrained(built)
+    for seed in range(3):
+        episode = play_demo(env_name, {}, seed, max_turns=5, max_actions_per_turn=2, rng=np.random.default_rng(seed))
+        responses = [
+            tokenizer.encode(t.response, add_special_tokens=False) + [tokenizer.eos_token_id] for t in episode.turns
+        ]
+        (traj,) = rollout(ScriptedBackend(tokenizer, responses), tokenizer, env_name, {}, [seed], [0], RolloutConfig())
+        assert traj.success == episode.success and len(traj.turns) == len(episode.turns)
+        assert traj.samples == episode.conversation(tokenizer).samples()

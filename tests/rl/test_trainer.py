@@ -1,0 +1,281 @@
+"""The trainer's phases on a tiny random policy: batches, the update, skips, a whole short run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from ragen2.agent.types import Trajectory, Turn
+from ragen2.config import Config, load_config
+from ragen2.errors import ConfigError
+from ragen2.models.tiny import build_model, build_tokenizer
+from ragen2.rl import trainer
+from ragen2.rl.batch import build_batch
+from ragen2.tracking import read_events, read_metrics
+
+CORPUS = [
+    "You are playing a two-armed bandit. Pull one arm to get a reward. Arms: Dragon, Turtle.",
+    "Turn 1:\nState:\nArms: Dragon, Turtle. Which arm do you pull?\nYou have 1 actions left.",
+    "<think>The arms are Dragon and Turtle. I try Dragon.</think><answer>Dragon</answer>",
+] * 10
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """A model this small runs fastest on one thread, and the tests then do not fight for cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def policy_dir(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("policy")
+    tokenizer = build_tokenizer(CORPUS, vocab_size=300)
+    model = build_model(tokenizer, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def tiny_config(policy_dir: Path, run_dir: Path, *overrides: str) -> Config:
+    """Bandit, 2 groups x 4 episodes of at most 8 tokens: a step takes well under a second."""
+    return load_config(
+        "bandit",
+        [
+            f"model.path={policy_dir}",
+            "model.device=cpu",
+            f"trainer.run_dir={run_dir}",
+            "rollout.num_groups=2",
+            "rollout.group_size=4",
+            "rollout.max_tokens_per_turn=8",
+            "trainer.total_steps=2",
+            "trainer.eval_every=0",
+            "trainer.eval_episodes=4",
+            "algo.mini_batch_size=4",
+            "algo.micro_batch_size=2",
+            "optim.lr=1e-3",
+            "logging.progress=false",
+            "logging.tensorboard=false",
+            *overrides,
+        ],
+    )
+
+
+def _trajectory(seed: int, group: int, ret: float, samples: list[tuple[list[int], list[int]]]) -> Trajectory:
+    return Trajectory(env_name="bandit", seed=seed, group_id=group, samples=samples, episode_return=ret)
+
+
+def _with_varied_returns(run: trainer.Run, step: int = 1) -> list[Trajectory]:
+    """A real rollout batch whose returns are overwritten so every group has signal."""
+    trajectories, _ = trainer.rollout_phase(run, step)
+    for i, traj in enumerate(trajectories):
+        traj.episode_return = float(i % 3)
+    return trajectories
+
+
+def _parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
+
+
+# ----------------------------------------------------------------------------- batch
+
+
+def test_build_batch_pads_shifts_and_keeps_trajectory_labels():
+    trajectories = [
+        _trajectory(10, 0, 1.5, [([1, 2, 3, 4], [0, 0, 1, 1])]),
+        _trajectory(11, 1, -0.5, [([5, 6], [0, 1]), ([5, 6, 7], [0, 0, 1])]),  # one sample per turn
+        _trajectory(12, 1, 9.0, []),  # the env failed at reset: no rows
+    ]
+    batch = build_batch(trajectories, pad_id=0)
+    assert batch.input_ids.tolist() == [[1, 2, 3, 4], [5, 6, 0, 0], [5, 6, 7, 0]]
+    assert batch.attention_mask.tolist() == [[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0]]
+    assert batch.targets.tolist() == [[2, 3, 4], [6, 0, 0], [6, 7, 0]]
+    assert batch.mask.tolist() == [[0, 1, 1], [1, 0, 0], [0, 1, 0]]
+    assert batch.returns.tolist() == [1.5, -0.5, -0.5]
+    assert batch.group_ids.tolist() == [0, 1, 1]
+    assert batch.traj_index.tolist() == [0, 1, 1]
+
+    sub = batch.select(torch.tensor([1]))  # trimmed to its own length
+    assert sub.input_ids.tolist() == [[5, 6]]
+    assert sub.targets.tolist() == [[6]] and sub.mask.tolist() == [[1]]
+    with pytest.raises(ValueError, match="no training samples"):
+        build_batch([trajectories[2]], pad_id=0)
+
+
+def test_grpo_advantages_are_per_trajectory_and_on_model_tokens_only(policy_dir, tmp_path):
+    run = trainer.setup(tiny_config(policy_dir, tmp_path / "run"))
+    kept = [
+        _trajectory(1, 0, 1.0, [([1, 2, 3], [0, 1, 1])]),
+        _trajectory(1, 0, 0.0, [([1, 2], [0, 1]), ([1, 2, 4], [0, 0, 1])]),  # two turns, one trajectory
+    ]
+    batch = trainer.advantage_phase(run, kept)
+    # Group of two returns {1, 0}: mean 0.5, std (ddof=1) 0.7071 -> advantages +-0.7071.
+    expected = torch.tensor([[0.7071, 0.7071], [-0.7071, 0.0], [0.0, -0.7071]])
+    torch.testing.assert_close(batch.advantages, expected, atol=1e-4, rtol=0)
+    run.tracker.close()
+
+
+# ----------------------------------------------------------------------------- update
+
+
+@pytest.mark.parametrize("algo", ["grpo", "ppo"])
+def test_one_step_changes_every_trainable_parameter(policy_dir, tmp_path, algo):
+    run = trainer.setup(tiny_config(policy_dir, tmp_path / "run", f"algo.name={algo}", "algo.kl_coef=0.01"))
+    before = _parameters(run.policy)
+    critic_before = _parameters(run.critic) if run.critic is not None else {}
+    batch = trainer.advantage_phase(run, _with_varied_returns(run))
+    metrics = trainer.update_phase(run, batch, step=1, scale=1.0)
+    unchanged = [n for n, p in _parameters(run.policy).items() if torch.equal(p, before[n])]
+    assert not unchanged, f"policy parameters not updated: {unchanged}"
+    if algo == "ppo":
+        unchanged = [n for n, p in _parameters(run.critic).items() if torch.equal(p, critic_before[n])]
+        assert not unchanged, f"critic parameters not updated: {unchanged}"
+        assert np.isfinite(metrics["train/value_loss"])
+    for key in ("train/policy_loss", "train/entropy", "train/kl", "train/clipfrac", "train/approx_kl", "train/grad_norm"):
+        assert np.isfinite(metrics[key]), key
+    assert metrics["train/skipped_nonfinite"] == 0
+    assert metrics["train/lr"] == pytest.approx(1e-3)
+    run.tracker.close()
+
+
+def test_kl_reference_is_built_only_when_used(policy_dir, tmp_path):
+    run = trainer.setup(tiny_config(policy_dir, tmp_path / "a"))
+    assert run.reference is None and run.critic is None
+    run.tracker.close()
+    run = trainer.setup(tiny_config(policy_dir, tmp_path / "b", "algo.kl_coef=0.1"))
+    assert run.reference is not None
+    assert not any(p.requires_grad for p in run.reference.parameters())
+    run.tracker.close()
+
+
+def test_nonfinite_loss_skips_the_optimizer_step(policy_dir, tmp_path):
+    run = trainer.setup(tiny_config(policy_dir, tmp_path / "run"))
+    batch = trainer.advantage_phase(run, _with_varied_returns(run))
+    batch.advantages = torch.where(batch.mask > 0, torch.nan, 0.0)
+    before = _parameters(run.policy)
+    metrics = trainer.update_phase(run, batch, step=1, scale=1.0)
+    assert metrics["train/skipped_nonfinite"] == 2  # 8 sequences / mini-batches of 4
+    for name, p in _parameters(run.policy).items():
+        assert torch.equal(p, before[name]), name
+    assert not run.optimizer.state, "Adam moments must not see the bad step"
+    assert all(p.grad is None for p in run.policy.parameters())
+    run.tracker.close()
+    events = read_events(run.run_dir)
+    assert [e["kind"] for e in events] == ["skipped_nonfinite"]
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+def test_gradient_accumulation_matches_one_big_micro_batch(policy_dir, tmp_path, agg):
+    """1 micro-batch of 8 and 8 micro-batches of 1 give the same mini-batch gradient."""
+    grads = []
+    for micro in (8, 1):
+        run = trainer.setup(tiny_config(
+            policy_dir, tmp_path / f"run{micro}", f"algo.loss_agg={agg}", "algo.mini_batch_size=8",
+            f"algo.micro_batch_size={micro}", "optim.lr=0", "optim.grad_clip=0", "algo.kl_coef=0.05",
+        ))
+        batch = trainer.advantage_phase(run, _with_varied_returns(run))
+        trainer.update_phase(run, batch, step=1, scale=1.0)  # lr 0: gradients stay in .grad, weights do not move
+        grads.append({n: p.grad.clone() for n, p in run.policy.named_parameters()})
+        run.tracker.close()
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-6, rtol=1e-4, msg=name)
+
+
+def test_lr_schedule():
+    assert [trainer.lr_factor(s, 2, "constant", 10) for s in (1, 2, 3, 10)] == [0.5, 1.0, 1.0, 1.0]
+    assert [trainer.lr_factor(s, 0, "linear", 4) for s in (1, 2, 3, 4)] == [1.0, 0.75, 0.5, 0.25]
+    cosine = [trainer.lr_factor(s, 0, "cosine", 4) for s in (1, 3)]
+    assert cosine == pytest.approx([1.0, 0.5])
+
+
+def test_derived_seed_depends_on_seed_step_and_purpose_only():
+    assert trainer.derived_seed(0, 3, "rollout") == trainer.derived_seed(0, 3, "rollout")
+    seeds = {trainer.derived_seed(s, t, p) for s in (0, 1) for t in (1, 2) for p in ("rollout", "env")}
+    assert len(seeds) == 8
+    assert all(0 <= s < 2**63 for s in seeds)
+
+
+def test_grpo_with_group_size_one_is_refused(policy_dir, tmp_path):
+    with pytest.raises(ConfigError, match="group_size >= 2"):
+        tiny_config(policy_dir, tmp_path, "rollout.group_size=1")
+
+
+def test_existing_run_directory_is_refused(policy_dir, tmp_path):
+    (tmp_path / "metrics.jsonl").write_text("")
+    with pytest.raises(ConfigError, match="--resume"):
+        trainer.setup(tiny_config(policy_dir, tmp_path))
+
+
+# ----------------------------------------------------------------------------- whole runs
+
+
+def test_short_run_writes_the_run_directory(policy_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    config = tiny_config(
+        policy_dir, run_dir, "trainer.eval_every=2", "trainer.save_every=1", "filter.include_zero=true",
+        "filter.strategy=none", "logging.sample_trajectories=2",
+    )
+    summary = trainer.train(config)
+    assert (run_dir / "config.yaml").is_file()
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_2"
+    records = read_metrics(run_dir)
+    assert [r["step"] for r in records] == [0, 1, 2]
+    assert set(records[0]) == {"step", "timing_s/evaluate"} | {k for k in records[2] if k.startswith("eval/")}
+    step2 = records[2]
+    for key in (
+        "rollout/success_rate", "rollout/return_mean", "rollout/return_std", "rollout/error_rate",
+        "rollout/rv_mean", "rollout/rv_std_over_mean", "rollout/frac_zero_variance",
+        "filter/kept_ratio", "filter/kept_groups", "filter/skipped",
+        "train/policy_loss", "train/entropy", "train/grad_norm", "train/lr", "train/skipped_nonfinite",
+        "eval/success_rate", "timing_s/rollout", "timing_s/generate", "timing_s/filter", "timing_s/advantage",
+        "timing_s/update", "timing_s/evaluate", "timing_s/checkpoint", "timing_s/step", "system/peak_memory_mb",
+    ):
+        assert step2.get(key) is not None, key
+    lines = [json.loads(line) for line in (run_dir / "rollouts" / "step_2.jsonl").read_text().splitlines()]
+    assert {r["episode"] for r in lines} == {0, 1}
+    assert set(lines[0]) == {"group", "prompt", "reasoning", "response", "reward", "episode", "turn"}
+    assert lines[0]["prompt"].endswith("<think>")
+    assert "run dir" in summary and str(run_dir) in summary and "2 / 2" in summary
+
+
+def test_empty_steps_are_skipped_then_the_run_stops(policy_dir, tmp_path):
+    """A random policy never answers in format: every return is -0.1, no group has variance."""
+    run_dir = tmp_path / "run"
+    config = tiny_config(policy_dir, run_dir, "trainer.total_steps=5", "trainer.max_skipped_steps=2")
+    summary = trainer.train(config)
+    records = read_metrics(run_dir)
+    assert [r["step"] for r in records] == [1, 2]
+    assert all(r["filter/skipped"] == 1 and "train/policy_loss" not in r for r in records)
+    kinds = [e["kind"] for e in read_events(run_dir)]
+    assert kinds == ["skipped_step", "skipped_step", "early_stop"]
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_2"
+    assert "stopped early" in summary and "filter.include_zero" in summary
+
+
+def test_lora_trains_only_the_adapters_and_round_trips(policy_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    config = tiny_config(policy_dir, run_dir, "model.lora_rank=2", "model.lora_target_modules=[q_proj,v_proj]",
+                         "algo.kl_coef=0.1", "trainer.total_steps=1", "filter.include_zero=true")
+    run = trainer.setup(config)
+    trainable = _parameters(run.policy)
+    assert trainable and all("lora_" in name for name in trainable)
+    batch = trainer.advantage_phase(run, _with_varied_returns(run))
+    metrics = trainer.update_phase(run, batch, step=1, scale=1.0)
+    assert metrics["train/kl"] >= 0
+    changed = [n for n, p in _parameters(run.policy).items() if not torch.equal(p, trainable[n])]
+    assert len(changed) == len(trainable)
+    trainer.checkpoint_phase(run, 1)
+    trainer.mark_latest(run_dir, 1)
+    run.tracker.log(1, {"rollout/return_mean": 0.0})
+    run.tracker.close()
+    assert (run_dir / "checkpoints" / "step_1" / "adapter_model.safetensors").is_file()
+    resumed = trainer.setup(config, resume_dir=run_dir)
+    for name, p in _parameters(resumed.policy).items():
+        torch.testing.assert_close(p, _parameters(run.policy)[name])
+    resumed.tracker.close()
