@@ -34,6 +34,8 @@ BEGIN, END = "<!-- lemma-table:begin -->", "<!-- lemma-table:end -->"
 
 @dataclass
 class Setting:
+    """Size of the synthetic problem."""
+
     num_inputs: int = 8  # P
     vocab_size: int = 16  # V
     length: int = 6  # T, tokens per reasoning

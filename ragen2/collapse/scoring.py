@@ -168,7 +168,7 @@ def _as_token_tensors(
         tensors = [_to_long_tensor(s) for s in seqs]
         for i, t in enumerate(tensors):
             if t.numel() == 0:
-                raise ValueError(f"{name}[{i}] is empty: every sequence needs at least one token (drop empty reasonings)")
+                raise ValueError(f"{name}[{i}] is empty: every sequence needs a token (drop empty reasonings)")
         out.append(tensors)
     return out[0], out[1]
 

@@ -28,6 +28,6 @@ def eval_seeds(n: int) -> list[int]:
 
 
 # Registration happens on import of each env module.
-from ragen2.envs import bandit, codeexec, countdown, frozenlake, mathqa, searchqa, sokoban  # noqa: E402,F401
+from ragen2.envs import bandit, codeexec, countdown, frozenlake, mathqa, searchqa, sokoban, webshop  # noqa: E402,F401
 
 __all__ = ["ENVS", "EVAL_SEED_OFFSET", "TextEnv", "eval_seeds", "make", "names"]

@@ -38,7 +38,7 @@ from ragen2.errors import ConfigError
 
 
 @dataclass(frozen=True)
-class Test:
+class CodeTest:
     """One hidden test."""
 
     input: Any
@@ -54,7 +54,7 @@ class Problem:
     id: str
     statement: str
     """What the agent sees: the task, the input/output format and (built-ins) an example."""
-    tests: tuple[Test, ...]
+    tests: tuple[CodeTest, ...]
     fn_name: str | None = None
     """None: stdin/stdout problem. Otherwise the function the program must define."""
     solution: str | None = None
@@ -64,13 +64,13 @@ class Problem:
 def _stdin(pid: str, statement: str, tests: list[tuple[str, str]], solution: str) -> Problem:
     given, wanted = tests[0]
     text = f"{statement}\nExample input:\n{given}\nExample output:\n{wanted}"
-    return Problem(pid, text, tuple(Test(i, o) for i, o in tests), None, solution.strip() + "\n")
+    return Problem(pid, text, tuple(CodeTest(i, o) for i, o in tests), None, solution.strip() + "\n")
 
 
 def _function(pid: str, fn: str, statement: str, tests: list[tuple[list, Any]], solution: str) -> Problem:
     args, result = tests[0]
     text = f"{statement}\nExample: {call_text(fn, args)} returns {result!r}"
-    return Problem(pid, text, tuple(Test(a, r) for a, r in tests), fn, solution.strip() + "\n")
+    return Problem(pid, text, tuple(CodeTest(a, r) for a, r in tests), fn, solution.strip() + "\n")
 
 
 def call_text(fn: str, args: list) -> str:
@@ -386,7 +386,7 @@ def _metadata_fn(row: dict, where: str) -> str | None:
     return meta.get("func_name") if isinstance(meta, dict) else None
 
 
-def _taco_tests(io_spec: Any, where: str, fallback_fn: str | None = None) -> tuple[str | None, list[Test]]:
+def _taco_tests(io_spec: Any, where: str, fallback_fn: str | None = None) -> tuple[str | None, list[CodeTest]]:
     if not isinstance(io_spec, dict) or "inputs" not in io_spec or "outputs" not in io_spec:
         raise ConfigError(f"{where}: input_output must be an object with 'inputs' and 'outputs' lists")
     inputs, outputs = io_spec["inputs"], io_spec["outputs"]
@@ -398,9 +398,9 @@ def _taco_tests(io_spec: Any, where: str, fallback_fn: str | None = None) -> tup
         if fn_name:
             args = given if isinstance(given, list) else [given]
             also = (wanted[0],) if isinstance(wanted, list) and len(wanted) == 1 else ()
-            tests.append(Test(args, wanted, also))
+            tests.append(CodeTest(args, wanted, also))
         else:
-            tests.append(Test(_lines(given), _lines(wanted)))
+            tests.append(CodeTest(_lines(given), _lines(wanted)))
     return fn_name, tests
 
 
@@ -437,7 +437,7 @@ def _unpack_compressed(text: str, where: str) -> Any:
         raise ConfigError(f"{where}: neither JSON nor base64-zlib-pickled JSON ({type(e).__name__}: {e})") from None
 
 
-def _case_tests(cases: list, fn_name: str | None, where: str) -> tuple[str | None, list[Test]]:
+def _case_tests(cases: list, fn_name: str | None, where: str) -> tuple[str | None, list[CodeTest]]:
     tests, kinds = [], set()
     for i, case in enumerate(cases):
         if not isinstance(case, dict) or "input" not in case or "output" not in case:
@@ -453,9 +453,9 @@ def _case_tests(cases: list, fn_name: str | None, where: str) -> tuple[str | Non
                 expected = json.loads(case["output"]) if isinstance(case["output"], str) else case["output"]
             except json.JSONDecodeError as e:
                 raise ConfigError(f"{where}: functional test {i} needs one JSON value per input line ({e})") from None
-            tests.append(Test(args, expected))
+            tests.append(CodeTest(args, expected))
         else:
-            tests.append(Test(_lines(case["input"]), _lines(case["output"])))
+            tests.append(CodeTest(_lines(case["input"]), _lines(case["output"])))
     if len(kinds) > 1:
         raise ConfigError(f"{where}: mixes stdin and functional tests; use one kind per problem")
     if "functional" in kinds and not fn_name:

@@ -10,13 +10,14 @@ import json
 import math
 import re
 import textwrap
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import gymnasium as gym
 
 from ragen2.envs import ENVS
 from ragen2.envs.base import TextEnv
-from ragen2.envs.code_problems import BUILTIN_PROBLEMS, Problem, Test, call_text, load_problems
+from ragen2.envs.code_problems import BUILTIN_PROBLEMS, Problem, CodeTest, call_text, load_problems
 from ragen2.envs.sandbox import Limits, RunResult, run_programs
 from ragen2.errors import ConfigError, did_you_mean
 
@@ -87,18 +88,28 @@ sys.stdout.write("\\n" + {_RESULT_MARKER!r} + json.dumps(result) + "\\n")
 """
 
 
-def grade(problem: Problem, program: str, limits: Limits, workers: int = 2) -> list[tuple[bool, str]]:
-    """Run `program` on every test of `problem`; for each test (passed, what it got as text)."""
+@dataclass(frozen=True)
+class GradedTest:
+    """How a program did on one test."""
+
+    passed: bool
+    got: str
+    """What it produced, as shown in feedback: stdout, the return value's repr, an error or a limit."""
+    run: RunResult
+
+
+def grade(problem: Problem, program: str, limits: Limits, workers: int = 2) -> list[GradedTest]:
+    """Run `program` on every test of `problem` in the sandbox, `workers` tests at a time."""
     if problem.fn_name is None:
         jobs = [(program, test.input) for test in problem.tests]
     else:
         driver = function_driver(program, problem.fn_name)
         jobs = [(driver, json.dumps(test.input)) for test in problem.tests]
-    results = run_programs(jobs, limits, max_workers=workers)
-    return [_check(problem, test, result) for test, result in zip(problem.tests, results)]
+    runs = run_programs(jobs, limits, max_workers=workers)
+    return [GradedTest(*_check(problem, test, run), run) for test, run in zip(problem.tests, runs)]
 
 
-def _check(problem: Problem, test: Test, result: RunResult) -> tuple[bool, str]:
+def _check(problem: Problem, test: CodeTest, result: RunResult) -> tuple[bool, str]:
     if result.killed_reason is not None:
         return False, _LIMIT_MESSAGES[result.killed_reason]
     if result.exit_code != 0:
@@ -269,7 +280,7 @@ class CodeEnv(TextEnv):
         if program is None:
             return self._observation, 0.0, False, False, {"action_is_valid": False, "success": False}
         outcomes = grade(problem, program, self.limits, self.workers)
-        passed = sum(ok for ok, _ in outcomes)
+        passed = sum(o.passed for o in outcomes)
         fraction = passed / len(outcomes)
         reward = fraction - self._last_fraction
         self._tries += 1
@@ -281,10 +292,10 @@ class CodeEnv(TextEnv):
         self._observation = self._report(problem, outcomes)
         return self._observation, reward, terminated, truncated, {"action_is_valid": True, "success": success}
 
-    def _report(self, problem: Problem, outcomes: list[tuple[bool, str]]) -> str:
-        passed = sum(ok for ok, _ in outcomes)
+    def _report(self, problem: Problem, outcomes: list[GradedTest]) -> str:
+        passed = sum(o.passed for o in outcomes)
         text = f"Passed {passed}/{len(outcomes)} tests."
-        failed = next((i for i, (ok, _) in enumerate(outcomes) if not ok), None)
+        failed = next((i for i, o in enumerate(outcomes) if not o.passed), None)
         if not self.feedback or failed is None:
             return text
         test = problem.tests[failed]
@@ -292,7 +303,7 @@ class CodeEnv(TextEnv):
         expected = test.expected if problem.fn_name is None else repr(test.expected)
         text += (
             f"\nFirst failing test:\nInput:\n{_clip(given)}\nExpected:\n{_clip(expected)}\n"
-            f"Got:\n{_clip(outcomes[failed][1]) or '(no output)'}"
+            f"Got:\n{_clip(outcomes[failed].got) or '(no output)'}"
         )
         left = self.max_tries - self._tries
         return text + (f"\nAttempts left: {left}. Answer with a corrected program." if left else "")

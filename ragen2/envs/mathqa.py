@@ -17,7 +17,8 @@ from ragen2.envs.base import TextEnv
 from ragen2.envs.data import read_records, require_fields
 from ragen2.errors import ConfigError, did_you_mean
 
-# An answer is one line of printable text, at most this long: a final answer, not a derivation.
+# An answer is one line of printable text, at most this long (or as long as the gold
+# answer, when that is longer): a final answer, not a derivation.
 MAX_ANSWER_CHARS = 100
 EXAMPLE_ACTIONS = ("42", "-3/4")
 
@@ -53,7 +54,7 @@ def load_problems(path: str | Path) -> tuple[Problem, ...]:
 
 
 @functools.lru_cache(maxsize=8)
-def _load_problems(path: str, mtime_ns: int) -> tuple[Problem, ...]:
+def _load_problems(path: str, mtime_ns: int) -> tuple[Problem, ...]:  # mtime_ns keys the cache: edits reload
     problems, fields, kind = [], (), ""
     for where, record in read_records(path):
         if not fields:
@@ -70,7 +71,7 @@ def _load_problems(path: str, mtime_ns: int) -> tuple[Problem, ...]:
 def _gold_answer(path: str, where: str, kind: str, solution: str) -> str:
     marker = _ANSWER_MARKERS[kind]
     if marker in solution:
-        answer = solution.rsplit(marker, 1)[1].lstrip(":").strip()
+        answer = " ".join(solution.rsplit(marker, 1)[1].lstrip(":").split())
         if answer:
             return answer
     if kind == "GSM8K" and "\n" not in solution and len(solution) <= MAX_ANSWER_CHARS:
@@ -86,6 +87,8 @@ def answers_match(gold: str, answer: str) -> bool:
     separators, two plain numbers (integers, decimals, a/b) are compared exactly
     and equal strings match. Everything else goes to math-verify, which parses
     both as LaTeX and compares them symbolically (`1/2` = `\\frac{1}{2}` = `0.5`).
+    Its 1-second timeouts use SIGALRM, which only the main thread may set; in
+    other threads it runs without them (answers are at most 100 characters).
     """
     gold, answer = _normalise(gold), _normalise(answer)
     if gold == answer:
@@ -95,7 +98,6 @@ def answers_match(gold: str, answer: str) -> bool:
         return gold_number == answer_number
     from math_verify import parse, verify  # imported on first use: it loads sympy's LaTeX parser
 
-    # math-verify's timeouts use SIGALRM, which only the main thread may set.
     timeout = 1 if threading.current_thread() is threading.main_thread() else None
     gold_parsed = parse(f"${gold}$", parsing_timeout=timeout)
     answer_parsed = parse(f"${answer}$", parsing_timeout=timeout)
@@ -137,7 +139,8 @@ class MathEnv(TextEnv):
     math-verify. `solve()` returns the gold answer.
 
     ## Actions
-    One final answer: a single line of printable text, at most 100 characters,
+    One final answer: a single line of printable text, at most 100 characters
+    (or the gold answer's length when that is longer),
     e.g. `42`, `-3/4`, `\\frac{3}{4}`, `2\\sqrt{3}`. An empty, multi-line or
     longer text is an invalid action (no try is used).
 
@@ -156,7 +159,7 @@ class MathEnv(TextEnv):
     `max_actions` equals `max_tries`, so the episode is never truncated.
 
     ## Info
-    - `action_is_valid` (bool): the action is one line of printable text of at most 100 characters.
+    - `action_is_valid` (bool): the action is one line of printable text within the length limit.
     - `success` (bool): the answer is correct.
     """
 
@@ -207,7 +210,9 @@ class MathEnv(TextEnv):
         try:
             reasoning_gym.create_dataset(self.dataset, seed=0, size=1, **self.dataset_kwargs)[0]
         except (TypeError, AssertionError, ValueError) as e:
-            raise ConfigError(f"dataset_kwargs={self.dataset_kwargs} rejected by reasoning-gym's {self.dataset!r}: {e}") from e
+            raise ConfigError(
+                f"dataset_kwargs={self.dataset_kwargs} rejected by reasoning-gym's {self.dataset!r}: {e}"
+            ) from e
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
         gym.Env.reset(self, seed=seed)  # seeds self.np_random; TextEnv.reset is abstract
@@ -218,7 +223,8 @@ class MathEnv(TextEnv):
 
             item_seed = int(self.np_random.integers(2**31))
             item = reasoning_gym.create_dataset(self.dataset, seed=item_seed, size=1, **self.dataset_kwargs)[0]
-            self._problem = Problem(str(item["question"]).strip(), str(item["answer"]).strip())
+            # one line, like file answers, so `solve()` is always a valid action
+            self._problem = Problem(str(item["question"]).strip(), " ".join(str(item["answer"]).split()))
         self._wrong, self._done = 0, False
         return self._problem.question, {}
 
@@ -227,7 +233,7 @@ class MathEnv(TextEnv):
         if self._done:
             raise RuntimeError("step() called after the episode ended: call reset() first")
         answer = str(action).strip()
-        if not answer or len(answer) > MAX_ANSWER_CHARS or not answer.isprintable():
+        if not answer or len(answer) > max(MAX_ANSWER_CHARS, len(problem.answer)) or not answer.isprintable():
             return self._observation(), 0.0, False, False, {"action_is_valid": False, "success": False}
         if answers_match(problem.answer, answer):
             self._done = True

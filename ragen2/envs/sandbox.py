@@ -6,11 +6,15 @@ pool (each thread only waits on its subprocess, so the pool size is the number o
 programs running at the same time).
 
 How one run is isolated. The host writes the program to `solution.py` in a fresh
-temporary directory and starts `python -S -P -c <launcher>` there with a minimal
-environment (no inherited variables: no secrets, tokens or proxies), its stdin read
-from a file and its stdout/stderr on pipes. The launcher (`_sandbox_main`, below)
-enters new PID and network namespaces, forks, and in the child applies resource limits,
-drops to a sandbox uid, installs an audit hook and executes the program as `__main__`.
+temporary directory and hands the run to a fork server: a `python -S -P` interpreter
+started once per host process with a minimal environment (nothing of the host's
+environment: no secrets, tokens or proxies), which never runs untrusted code itself.
+For each run it forks a launcher (`_launch`) that takes the run's stdin (a file),
+stdout/stderr pipes and a status socket, leads its own process group, enters new PID
+and network namespaces and forks the program's process. That process applies the
+resource limits, drops to a sandbox uid, installs the audit hook and executes the
+program as `__main__` (`_enter_sandbox`, `_run_program`). Forking a ready interpreter
+costs a few milliseconds where starting one costs tens.
 
 What the operating system enforces when the host runs as root (the usual case in
 containers; each item is tested in tests/envs/test_sandbox.py with the hook off):
@@ -28,9 +32,9 @@ containers; each item is tested in tests/envs/test_sandbox.py with the hook off)
 - RLIMIT_CPU (SIGKILL at `cpu_s` of CPU time), RLIMIT_AS (`memory_mb` of address space:
   allocations fail with MemoryError), RLIMIT_FSIZE (`max_file_bytes` per written file),
   RLIMIT_NOFILE, RLIMIT_CORE = 0.
-- Wall time: the host kills the whole process group at `wall_s`; the launcher also
-  arms its own alarm, and both launcher and program die with their parent
-  (PR_SET_PDEATHSIG), so nothing outlives a host that is killed itself.
+- Wall time: the host kills the run's process group at `wall_s`; the launcher also
+  arms its own alarm, launcher and program die with their parent (PR_SET_PDEATHSIG)
+  and the fork server exits when the host does, so nothing outlives a killed host.
 - Output: the host keeps at most `max_output_bytes` of stdout+stderr and kills the
   program as soon as it writes more.
 
@@ -57,18 +61,21 @@ from __future__ import annotations
 
 import fcntl
 import inspect
+import json
 import os
 import selectors
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, fields
 
 from ragen2.errors import ConfigError, did_you_mean
@@ -136,6 +143,7 @@ class RunResult:
     """None for a normal exit (any status), else wall_time, cpu_time, output_limit, file_size or memory."""
 
 
+
 def run_program(source: str, stdin: str = "", limits: Limits | None = None) -> RunResult:
     """Run `source` as a Python program with `stdin` as its input, under `limits`."""
     limits = limits or Limits()
@@ -143,26 +151,36 @@ def run_program(source: str, stdin: str = "", limits: Limits | None = None) -> R
         _write(os.path.join(workdir, "solution.py"), source, uid)
         stdin_path = os.path.join(workdir, "stdin.txt")
         _write(stdin_path, stdin, uid)
-        args = [workdir, uid if uid is not None else -1, os.getpid(), limits.wall_s, limits.cpu_s,
-                limits.memory_mb << 20, limits.max_file_bytes, limits.max_processes, limits.max_open_files,
-                int(limits.audit_hook)]  # fmt: skip
+        request = {
+            "workdir": workdir,
+            "uid": uid,
+            "wall_s": limits.wall_s,
+            "cpu_s": limits.cpu_s,
+            "memory_bytes": limits.memory_mb << 20,
+            "file_bytes": limits.max_file_bytes,
+            "processes": limits.max_processes,
+            "open_files": limits.max_open_files,
+            "audit_hook": limits.audit_hook,
+        }
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        status, status_child = socket.socketpair()
+        stdin_fd = os.open(stdin_path, os.O_RDONLY)
         start = time.monotonic()
-        with open(stdin_path, "rb") as stdin_file:
-            proc = subprocess.Popen(
-                [sys.executable, "-S", "-P", "-c", _LAUNCHER, *map(str, args)],
-                stdin=stdin_file,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                cwd=workdir,
-                env=_child_env(workdir),
-                start_new_session=True,
-            )
         try:
-            stdout, stderr, host_reason = _collect(proc, limits, deadline=start + limits.wall_s)
+            _spawn(request, [stdin_fd, out_w, err_w, status_child.fileno()])
+        finally:  # the launcher holds its own copies now
+            for fd in (stdin_fd, out_w, err_w):
+                os.close(fd)
+            status_child.close()
+        try:
+            stdout, stderr, raw_status, host_reason = _collect(out_r, err_r, status, limits, start + limits.wall_s)
         finally:
-            _kill_group(proc)
+            for fd in (out_r, err_r):
+                os.close(fd)
+            status.close()
         wall = time.monotonic() - start
-    exit_code = proc.returncode
+    exit_code = -signal.SIGKILL if raw_status is None else os.waitstatus_to_exitcode(raw_status)
     err = stderr.decode("utf-8", "replace")
     reason = host_reason or _reason_from_status(exit_code, err)
     return RunResult(
@@ -186,10 +204,10 @@ def run_programs(jobs: Sequence[tuple[str, str]], limits: Limits | None = None, 
 
 
 def isolation() -> dict[str, bool]:
-    """Which OS-level protections this host can apply (the audit hook always can)."""
+    """Which OS-level protections this host applies (the audit hook always applies)."""
     probe = run_program(
         "import os, socket\n"
-        "print(os.getuid() != 0 and os.getuid() in range(61000, 61512), os.getpid() == 1, "
+        f"print(os.getuid() in range({SANDBOX_UIDS.start}, {SANDBOX_UIDS.stop}), os.getpid() == 1, "
         "[name for _, name in socket.if_nameindex()] == ['lo'])",
         limits=Limits(audit_hook=False),
     )
@@ -197,19 +215,72 @@ def isolation() -> dict[str, bool]:
     return {"separate_uid": uid == "True", "pid_namespace": pid == "True", "network_namespace": net == "True"}
 
 
-def _child_env(workdir: str) -> dict[str, str]:
-    # Built from scratch: nothing of the host's environment reaches the program.
-    # PYTHONHASHSEED fixes str hashing so set iteration order, hence output, is reproducible.
-    return {
-        "PATH": "/usr/bin:/bin",
-        "HOME": workdir,
-        "TMPDIR": workdir,
-        "LANG": "C.UTF-8",
-        "LC_ALL": "C.UTF-8",
-        "PYTHONHASHSEED": "0",
-        "PYTHONIOENCODING": "utf-8",
-        "PYTHONDONTWRITEBYTECODE": "1",
-    }
+# Built from scratch: nothing of the host's environment reaches a program. PYTHONHASHSEED
+# fixes str hashing, so set iteration order, hence output, is the same on every run.
+_ENV = {
+    "PATH": "/usr/bin:/bin",
+    "LANG": "C.UTF-8",
+    "LC_ALL": "C.UTF-8",
+    "PYTHONHASHSEED": "0",
+    "PYTHONIOENCODING": "utf-8",
+    "PYTHONDONTWRITEBYTECODE": "1",
+}
+
+
+class _ForkServer:
+    """A clean interpreter that forks one launcher per run (`_server_main`).
+
+    Forking a ready interpreter instead of starting one per run saves most of the
+    start-up time. The server never runs untrusted code itself, so every run starts
+    from the same state. It exits when the host closes its end of the socket (the
+    host exiting included).
+    """
+
+    def __init__(self) -> None:
+        host_end, server_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-S", "-P", "-c", _SERVER_SOURCE, str(server_end.fileno())],
+            pass_fds=[server_end.fileno()],
+            env=_ENV,
+            cwd="/",
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,  # a Ctrl-C meant for the host does not reach it
+        )
+        server_end.close()
+        self.sock = host_end
+        self.owner = os.getpid()
+        self.lock = threading.Lock()
+
+    def alive(self) -> bool:
+        return self.owner == os.getpid() and self.proc.poll() is None
+
+    def spawn(self, request: dict, fds: list[int]) -> None:
+        with self.lock:
+            socket.send_fds(self.sock, [json.dumps(request).encode()], fds)
+
+
+_server: _ForkServer | None = None
+_server_lock = threading.Lock()
+
+
+def _fork_server() -> _ForkServer:
+    global _server
+    with _server_lock:
+        if _server is None or not _server.alive():
+            _server = _ForkServer()
+        return _server
+
+
+def _spawn(request: dict, fds: list[int]) -> None:
+    """Send a run to the fork server, starting a new one if the last one is gone."""
+    global _server
+    try:
+        _fork_server().spawn(request, fds)
+    except OSError:  # it died between the liveness check and the send
+        with _server_lock:
+            _server = None
+        _fork_server().spawn(request, fds)
 
 
 @contextmanager
@@ -253,11 +324,19 @@ def _write(path: str, text: str, uid: int | None) -> None:
         os.chown(path, uid, uid)
 
 
-def _collect(proc: subprocess.Popen, limits: Limits, deadline: float) -> tuple[bytes, bytes, str | None]:
-    """Read stdout/stderr until the program exits; returns them and the host's kill reason."""
-    out = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
+def _collect(
+    out_r: int, err_r: int, status: socket.socket, limits: Limits, deadline: float
+) -> tuple[bytes, bytes, int | None, str | None]:
+    """Read the program's output and the launcher's status lines until the run ends or a limit hits.
+
+    Returns stdout, stderr, the raw wait status (None when the host killed the run) and
+    the host's kill reason. The launcher writes `pid N` when it starts and `status S`
+    when the program has ended; it closes everything when it exits.
+    """
+    out = {out_r: bytearray(), err_r: bytearray()}
+    report = bytearray()
     selector = selectors.DefaultSelector()
-    for fd in out:
+    for fd in (out_r, err_r, status.fileno()):
         os.set_blocking(fd, False)
         selector.register(fd, selectors.EVENT_READ)
     total, reason = 0, None
@@ -267,52 +346,38 @@ def _collect(proc: subprocess.Popen, limits: Limits, deadline: float) -> tuple[b
             if remaining <= 0:
                 reason = "wall_time"
                 break
-            for key, _ in selector.select(timeout=min(remaining, 0.1)):
+            for key, _ in selector.select(timeout=remaining):
                 data = os.read(key.fd, 1 << 16)
                 if not data:
                     selector.unregister(key.fd)
-                    continue
-                keep = max(0, limits.max_output_bytes - total)
-                out[key.fd] += data[:keep]
-                total += len(data)
+                elif key.fd == status.fileno():
+                    report += data
+                else:
+                    out[key.fd] += data[: max(0, limits.max_output_bytes - total)]
+                    total += len(data)
             if total > limits.max_output_bytes:
                 reason = "output_limit"
                 break
-            if _exited(proc) and not selector.select(timeout=0):
-                break  # exited, and whatever it wrote has been read
-        if reason is None and not _exited(proc):
-            try:
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                reason = "wall_time"
     finally:
         selector.close()
-    return bytes(out[proc.stdout.fileno()]), bytes(out[proc.stderr.fileno()]), reason
-
-
-def _exited(proc: subprocess.Popen) -> bool:
-    """Whether the launcher has exited, without reaping it (its pid stays reserved for killpg)."""
-    if proc.returncode is not None:
-        return True
-    return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL the launcher's process group (start_new_session made it the leader), then reap."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
-    proc.stdout.close()
-    proc.stderr.close()
+    lines = dict(line.split(" ", 1) for line in report.decode().splitlines())
+    if reason is not None and "status" not in lines:
+        if "pid" not in lines:  # it is starting: its pid line is on the way
+            status.setblocking(True)
+            status.settimeout(1.0)
+            with suppress(OSError):
+                lines.update(line.split(" ", 1) for line in status.recv(64).decode().splitlines())
+        if "pid" in lines:
+            with suppress(ProcessLookupError, PermissionError):
+                os.killpg(int(lines["pid"]), signal.SIGKILL)  # launcher, program and anything they started
+        return bytes(out[out_r]), bytes(out[err_r]), None, reason
+    raw = int(lines["status"]) if "status" in lines else None
+    return bytes(out[out_r]), bytes(out[err_r]), raw, reason
 
 
 def _reason_from_status(exit_code: int, stderr: str) -> str | None:
     if exit_code in (-signal.SIGKILL, -signal.SIGXCPU):
         return "cpu_time"  # the host did not kill it, so RLIMIT_CPU did
-    if exit_code == -signal.SIGXFSZ:
-        return "file_size"
     if exit_code != 0:
         last_line = stderr.rstrip().rpartition("\n")[2]
         if last_line == "MemoryError" or last_line.startswith("MemoryError:"):
@@ -322,129 +387,202 @@ def _reason_from_status(exit_code: int, stderr: str) -> str | None:
     return None
 
 
-def _sandbox_main() -> None:
-    """The launcher: runs in the child interpreter, started as `python -S -P -c`.
+# The rest runs in the fork server, a separate `python -S -P -c` interpreter: these
+# functions are sent as source text, so each imports what it uses and reads no globals.
 
-    It only uses the standard library and its own names: its source is sent as the `-c`
-    argument. Arguments: workdir, uid (-1: keep), host pid, wall_s, cpu_s, memory bytes,
-    file bytes, processes, open files, audit hook flag.
-    """
+
+def _server_main() -> None:
+    """Fork one launcher per request; exit when the host's end of the socket closes."""
     import ctypes
+    import json
+    import os
+    import signal
+    import socket
+    import sys
+
+    control = socket.socket(fileno=int(sys.argv[1]))
+    libc = ctypes.CDLL(None, use_errno=True)
+    # Imports after the uid change go through this descriptor: the interpreter may live
+    # under a directory the sandbox uid cannot enter (e.g. /root/.pyenv).
+    stdlib_fd = os.open(os.path.dirname(os.__file__), os.O_RDONLY | os.O_DIRECTORY)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps finished launchers
+    while True:
+        try:
+            message, fds, _, _ = socket.recv_fds(control, 1 << 16, 4)
+        except OSError:
+            return
+        if not message:
+            return
+        if os.fork() == 0:
+            control.close()
+            _launch(json.loads(message), fds, libc, stdlib_fd)
+        for fd in fds:
+            os.close(fd)
+
+
+def _launch(request: dict, fds: list, libc: object, stdlib_fd: int) -> None:
+    """The launcher of one run: new namespaces, fork the program, wait for it, report its status.
+
+    `fds` are the program's stdin, stdout, stderr and the status socket. The launcher
+    leads its own process group, reports `pid N` then `status S` on the socket, and
+    finally kills its whole group.
+    """
+    import os
+    import signal
+
+    stdin_fd, out_fd, err_fd, status_fd = fds
+    os.setsid()
+    libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: die with the fork server
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for target, fd in ((0, stdin_fd), (1, out_fd), (2, err_fd)):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.write(status_fd, b"pid %d\n" % os.getpid())
+    workdir = request["workdir"]
+    os.chdir(workdir)
+    os.environ.update(HOME=workdir, TMPDIR=workdir)
+    new_user, new_pid, new_net = 0x10000000, 0x20000000, 0x40000000
+    if libc.unshare(new_pid | new_net) != 0 and request["uid"] is None:
+        libc.unshare(new_user | new_pid | new_net)  # without root: where user namespaces are allowed
+
+    child = os.fork()
+    if child == 0:
+        os.close(status_fd)
+        _enter_sandbox(request, libc, stdlib_fd)
+        _run_program()
+    # The wall limit holds even if the host is gone.
+    signal.signal(signal.SIGALRM, lambda *_: os.kill(child, signal.SIGKILL))
+    signal.setitimer(signal.ITIMER_REAL, request["wall_s"] + 0.5)
+    _, status = os.waitpid(child, 0)
+    os.write(status_fd, b"status %d\n" % status)
+    os.killpg(0, signal.SIGKILL)
+
+
+def _enter_sandbox(request: dict, libc: object, stdlib_fd: int) -> None:
+    """In the program's process, as PID 1 of its namespace: limits, uid, import paths, audit hook."""
     import os
     import resource
     import signal
     import sys
 
-    workdir, uid, host_pid = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    wall_s = float(sys.argv[4])
-    cpu_s, memory, file_bytes, processes, open_files, hook = map(int, sys.argv[5:11])
-    libc = ctypes.CDLL(None, use_errno=True)
-    pr_set_pdeathsig, pr_set_dumpable = 1, 4
-    libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != host_pid:  # the host died before the line above took effect
-        os._exit(1)
-    # Imports after the uid change go through this descriptor: the interpreter may live
-    # under a directory the sandbox uid cannot enter (e.g. /root/.pyenv).
-    stdlib = os.path.dirname(os.__file__)
-    stdlib_fd = os.open(stdlib, os.O_RDONLY | os.O_DIRECTORY)
-    new_user, new_pid, new_net = 0x10000000, 0x20000000, 0x40000000
-    if libc.unshare(new_pid | new_net) != 0 and uid < 0:
-        libc.unshare(new_user | new_pid | new_net)  # without root: only where user namespaces are allowed
-
-    child = os.fork()
-    if child:
-        # The launcher waits, enforces the wall limit even if the host is gone, and exits
-        # the way the program did, so the host sees the program's status.
-        signal.signal(signal.SIGALRM, lambda *_: os.kill(child, signal.SIGKILL))
-        signal.setitimer(signal.ITIMER_REAL, wall_s + 0.5)
-        _, status = os.waitpid(child, 0)
-        if os.WIFSIGNALED(status):
-            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-            sig = os.WTERMSIG(status)
-            if sig not in (signal.SIGKILL, signal.SIGSTOP):
-                signal.signal(sig, signal.SIG_DFL)
-            os.kill(os.getpid(), sig)
-        os._exit(os.waitstatus_to_exitcode(status))
-
     for limit, value in (
-        (resource.RLIMIT_CPU, cpu_s),  # soft == hard: SIGKILL (SIGXCPU is ignored by a PID 1)
-        (resource.RLIMIT_AS, memory),
-        (resource.RLIMIT_FSIZE, file_bytes),
-        (resource.RLIMIT_NPROC, processes),
-        (resource.RLIMIT_NOFILE, open_files),
+        (resource.RLIMIT_CPU, request["cpu_s"]),  # soft == hard: SIGKILL (a PID 1 ignores SIGXCPU)
+        (resource.RLIMIT_AS, request["memory_bytes"]),
+        (resource.RLIMIT_FSIZE, request["file_bytes"]),
+        (resource.RLIMIT_NPROC, request["processes"]),
+        (resource.RLIMIT_NOFILE, request["open_files"]),
         (resource.RLIMIT_CORE, 0),
     ):
         resource.setrlimit(limit, (value, value))
-    if uid >= 0:
+    uid = request["uid"]
+    if uid is not None:
         os.setgroups([])
         os.setgid(uid)
         os.setuid(uid)
-        libc.prctl(pr_set_dumpable, 1, 0, 0, 0)  # a uid change hides /proc/self/fd from the process itself
-    libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)  # the uid change cleared it
-    del libc
+        libc.prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE: a uid change hides /proc/self/fd from the process
+    libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG (a uid change clears it): die with the launcher
     for name in [m for m in sys.modules if m == "_ctypes" or m.split(".")[0] == "ctypes"]:
         del sys.modules[name]
-    stdlib_path = f"/proc/self/fd/{stdlib_fd}"
-    sys.path[:] = [workdir, stdlib_path, os.path.join(stdlib_path, "lib-dynload")]
-    for module in list(sys.modules.values()):  # packages already imported (encodings, collections...)
+    stdlib = os.path.dirname(os.__file__)
+    via_fd = f"/proc/self/fd/{stdlib_fd}"
+    sys.path[:] = [request["workdir"], via_fd, os.path.join(via_fd, "lib-dynload")]
+    for module in list(sys.modules.values()):  # packages already imported (encodings, collections, ...)
         paths = getattr(module, "__path__", None)
         if isinstance(paths, list):
-            paths[:] = [stdlib_path + p[len(stdlib) :] if p.startswith(stdlib) else p for p in paths]
+            paths[:] = [via_fd + p[len(stdlib) :] if p.startswith(stdlib) else p for p in paths]
     sys.path_importer_cache.clear()
     sys.dont_write_bytecode = True
-
-    if hook:
-        real_stdlib, real_workdir = os.path.realpath(stdlib), os.path.realpath(workdir)
-
-        def inside(path, roots, realpath=os.path.realpath, fspath=os.fspath, fsdecode=os.fsdecode):
-            if path is None or isinstance(path, int):
-                return True  # the working directory, or an already open descriptor
-            real = realpath(fsdecode(fspath(path)))
-            return any(real == root or real.startswith(root + "/") for root in roots)
-
-        # Defaults, not closures or globals: the program cannot rebind what the hook reads.
-        def audit(
-            event,
-            args,
-            deny=frozenset({
-                "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty",
-                "os.kill", "os.killpg", "signal.pthread_kill", "subprocess.Popen", "os.link",
-                "os.symlink", "resource.setrlimit", "resource.prlimit", "pty.spawn",
-            }),  # fmt: skip
-            deny_prefixes=("socket.", "ctypes."),
-            deny_imports=frozenset({"ctypes", "_ctypes", "_posixsubprocess"}),
-            write_events=frozenset({
-                "os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.chown",
-                "os.truncate", "os.utime", "os.setxattr", "os.removexattr",
-            }),  # fmt: skip
-            list_events=frozenset({"os.listdir", "os.scandir"}),
-            write_flags=os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND,
-            readable=(real_workdir, real_stdlib),
-            writable=(real_workdir,),
-            inside=inside,
-        ):
-            if event in deny or event.startswith(deny_prefixes):
-                raise PermissionError(f"sandbox: {event} is not allowed")
-            if event == "import" and args[0] in deny_imports:
-                raise PermissionError(f"sandbox: importing {args[0]} is not allowed")
-            if event == "open":
-                path, mode, flags = args
-                writing = bool(flags & write_flags) or any(c in (mode or "") for c in "wax+")
-                if not inside(path, writable if writing else readable):
-                    raise PermissionError(f"sandbox: opening {path!r} is not allowed")
-            elif event in write_events or event in list_events:
-                paths = args[:2] if event == "os.rename" else args[:1]
-                roots = readable if event in list_events else writable
-                for path in paths:
-                    if not inside(path, roots):
-                        raise PermissionError(f"sandbox: {event} on {path!r} is not allowed")
-
-        sys.addaudithook(audit)
-
     sys.argv = ["solution.py"]
-    with open("solution.py", "rb") as f:
-        code = compile(f.read(), "solution.py", "exec")
-    exec(code, {"__name__": "__main__", "__file__": "solution.py", "__builtins__": __builtins__})
+    if request["audit_hook"]:
+        sys.addaudithook(_audit_hook(os.path.realpath(request["workdir"]), os.path.realpath(stdlib)))
 
 
-_LAUNCHER = textwrap.dedent(inspect.getsource(_sandbox_main)) + "\n_sandbox_main()\n"
+def _run_program() -> None:
+    """Run solution.py as `__main__` and exit as the interpreter would, minus the module teardown.
+
+    What a program can observe of an exit is kept: the exit status and message of
+    SystemExit, the traceback of an uncaught exception, non-daemon threads joined,
+    atexit callbacks run, stdout and stderr flushed. Tearing down the modules the fork
+    server imported is skipped: it is most of the run time of a short program.
+    """
+    import atexit
+    import os
+    import sys
+    import threading
+
+    try:
+        with open("solution.py", "rb") as f:
+            code = compile(f.read(), "solution.py", "exec")
+        exec(code, {"__name__": "__main__", "__file__": "solution.py", "__builtins__": __builtins__})
+        status = 0
+    except SystemExit as e:
+        status = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+        if not isinstance(e.code, int) and e.code is not None:
+            print(e.code, file=sys.stderr)
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        status = 1
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # a closed or broken stream: the interpreter ignores these at exit too
+            pass
+    os._exit(status & 0xFF)
+
+
+def _audit_hook(workdir: str, stdlib: str) -> object:
+    """The audit hook: refuses what a test program never needs (see the module docstring)."""
+    import os
+
+    def inside(path, roots, realpath=os.path.realpath, fspath=os.fspath, fsdecode=os.fsdecode):
+        if path is None or isinstance(path, int):
+            return True  # the working directory, or an already open descriptor
+        real = realpath(fsdecode(fspath(path)))
+        return any(real == root or real.startswith(root + "/") for root in roots)
+
+    # Defaults, not closures or globals: the program cannot rebind what the hook reads.
+    def audit(
+        event,
+        args,
+        deny=frozenset({
+            "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty", "os.kill",
+            "os.killpg", "signal.pthread_kill", "subprocess.Popen", "os.link", "os.symlink",
+            "resource.setrlimit", "resource.prlimit", "pty.spawn",
+        }),  # fmt: skip
+        deny_prefixes=("socket.", "ctypes."),
+        deny_imports=frozenset({"ctypes", "_ctypes", "_posixsubprocess"}),
+        write_events=frozenset({
+            "os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.truncate",
+            "os.utime", "os.setxattr", "os.removexattr",
+        }),  # fmt: skip
+        list_events=frozenset({"os.listdir", "os.scandir"}),
+        write_flags=os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND,
+        readable=(workdir, stdlib),
+        writable=(workdir,),
+        inside=inside,
+    ):
+        if event in deny or event.startswith(deny_prefixes):
+            raise PermissionError(f"sandbox: {event} is not allowed")
+        if event == "import" and args[0] in deny_imports:
+            raise PermissionError(f"sandbox: importing {args[0]} is not allowed")
+        if event == "open":
+            path, mode, flags = args
+            writing = bool(flags & write_flags) or any(c in (mode or "") for c in "wax+")
+            if not inside(path, writable if writing else readable):
+                raise PermissionError(f"sandbox: opening {path!r} is not allowed")
+        elif event in write_events or event in list_events:
+            paths = args[:2] if event == "os.rename" else args[:1]
+            roots = readable if event in list_events else writable
+            for path in paths:
+                if not inside(path, roots):
+                    raise PermissionError(f"sandbox: {event} on {path!r} is not allowed")
+
+    return audit
+
+
+_SERVER_FUNCTIONS = (_audit_hook, _run_program, _enter_sandbox, _launch, _server_main)
+_SERVER_SOURCE = "\n\n".join(textwrap.dedent(inspect.getsource(f)) for f in _SERVER_FUNCTIONS) + "\n\n_server_main()\n"

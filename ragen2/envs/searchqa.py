@@ -26,7 +26,7 @@ SUCCESS_F1 = 0.3
 MAX_ARGUMENT_CHARS = 200
 EXAMPLE_ACTIONS = ("search[Lake Senna]", "finish[1850]")
 
-_ACTION = re.compile(r"(search|finish)\s*\[(.*)\]", flags=re.IGNORECASE | re.DOTALL)
+_ACTION = re.compile(r"(search|finish)\s*\[([^\[\]]*)\]", flags=re.IGNORECASE)
 _PUNCTUATION = frozenset(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 
@@ -70,8 +70,11 @@ class SearchIndex:
 
         self.docs = docs
         self._stopwords = frozenset(STOPWORDS_EN)
+        tokens = [self._tokens(f"{d.title} {d.text}") for d in docs]
+        if not any(tokens):
+            raise ConfigError("the corpus has no searchable words: every title and text is empty or stopwords")
         self._bm25 = bm25s.BM25()
-        self._bm25.index([self._tokens(f"{d.title} {d.text}") for d in docs], show_progress=False)
+        self._bm25.index(tokens, show_progress=False)
 
     def search(self, query: str, k: int) -> list[Document]:
         """The top-`k` documents that share at least one word with the query, best first (ties: corpus order)."""
@@ -102,8 +105,8 @@ def load_corpus(path: str | Path) -> tuple[Document, ...]:
     return tuple(docs)
 
 
-def load_questions(path: str | Path) -> tuple[list[dict[str, Any]], tuple[Document, ...]]:
-    """Question records and the documents of their HotpotQA `context` paragraphs (id = title).
+def load_questions(path: str | Path) -> tuple[list[tuple[str, dict[str, Any]]], tuple[Document, ...]]:
+    """`(where, record)` per question, and the documents of HotpotQA `context` paragraphs (id = title).
 
     Each record needs `question` and `answer`. Gold documents come from
     `gold_ids` (a list of corpus ids) or HotpotQA's `supporting_facts`
@@ -113,9 +116,15 @@ def load_questions(path: str | Path) -> tuple[list[dict[str, Any]], tuple[Docume
     records, context_docs, titles = [], [], set()
     for where, record in read_records(path):
         require_fields(path, where, record, ("question", "answer"), "question")
-        records.append({**record, "_where": where})
+        records.append((where, record))
         for paragraph in record.get("context") or []:
-            if not (isinstance(paragraph, list | tuple) and len(paragraph) == 2 and isinstance(paragraph[0], str)):
+            if not (
+                isinstance(paragraph, list | tuple)
+                and len(paragraph) == 2
+                and isinstance(paragraph[0], str)
+                and isinstance(paragraph[1], list)
+                and all(isinstance(sentence, str) for sentence in paragraph[1])
+            ):
                 raise ConfigError(f"{path}, {where}: each 'context' entry must be [title, [sentence, ...]]")
             title, sentences = paragraph
             if title not in titles:
@@ -126,13 +135,14 @@ def load_questions(path: str | Path) -> tuple[list[dict[str, Any]], tuple[Docume
     return records, tuple(context_docs)
 
 
-def _resolve(path: str, records: list[dict[str, Any]], docs: tuple[Document, ...]) -> tuple[Question, ...]:
+def _resolve(
+    path: str, records: list[tuple[str, dict[str, Any]]], docs: tuple[Document, ...]
+) -> tuple[Question, ...]:
     ids, by_title = {d.id for d in docs}, {}
     for d in docs:
         by_title.setdefault(d.title, d.id)
     questions = []
-    for record in records:
-        where = record["_where"]
+    for where, record in records:
         if "gold_ids" in record:
             if not isinstance(record["gold_ids"], list):
                 raise ConfigError(f"{path}, {where}: 'gold_ids' must be a list of document ids")
@@ -146,6 +156,14 @@ def _resolve(path: str, records: list[dict[str, Any]], docs: tuple[Document, ...
             raise ConfigError(f"{path}, {where}: gold documents {missing} are not in the corpus")
         questions.append(Question(record["question"].strip(), record["answer"].strip(), tuple(gold)))
     return tuple(questions)
+
+
+def _as_argument(text: str) -> str:
+    """Text made fit for `search[...]`/`finish[...]`: no brackets, one line, within the length limit.
+
+    Parentheses keep the words, so retrieval and the normalised F1 are unchanged.
+    """
+    return " ".join(text.replace("[", "(").replace("]", ")").split())[:MAX_ARGUMENT_CHARS]
 
 
 def _file_key(path: str | Path | None) -> tuple[str, int] | None:
@@ -193,7 +211,7 @@ class SearchQAEnv(TextEnv):
     ## Actions
     `search[query]` or `finish[answer]` (keyword case and spaces before `[`
     ignored); the text inside the brackets must be non-empty printable text of
-    at most 200 characters. Anything else is an invalid action.
+    at most 200 characters, without brackets. Anything else is an invalid action.
 
     ## Observation
     `Question: ...`; after a search, the question and the top `top_k` results,
@@ -211,7 +229,7 @@ class SearchQAEnv(TextEnv):
     without one.
 
     ## Info
-    - `action_is_valid` (bool): the action is `search[...]` or `finish[...]` with valid text.
+    - `action_is_valid` (bool): the action is `search[...]` or `finish[...]` with valid text inside.
     - `success` (bool): a `finish` answer with F1 >= 0.3.
     - `exact_match` (bool): a `finish` answer equal to the gold answer after normalisation.
     - `found_gold` (bool): this search's results include a gold document.
@@ -238,12 +256,14 @@ class SearchQAEnv(TextEnv):
         snippet_chars: int = 150,
         max_actions: int = 5,
     ) -> None:
-        for name, value, low in [("top_k", top_k, 1), ("snippet_chars", snippet_chars, 20), ("max_actions", max_actions, 1)]:
+        limits = [("top_k", top_k, 1), ("snippet_chars", snippet_chars, 20), ("max_actions", max_actions, 1)]
+        for name, value, low in limits:
             if not isinstance(value, int) or value < low:
                 raise ConfigError(f"{name}={value!r} is not allowed: use an integer >= {low}")
         if corpus_path is not None and questions_path is None:
             raise ConfigError(
-                f"corpus_path={corpus_path!r} needs questions_path: the built-in questions are about the built-in corpus"
+                f"corpus_path={corpus_path!r} needs questions_path: "
+                "the built-in questions are about the built-in corpus"
             )
         self.top_k, self.snippet_chars, self.max_actions = top_k, snippet_chars, max_actions
         self.questions, self.index = _load(_file_key(corpus_path), _file_key(questions_path))
@@ -275,7 +295,8 @@ class SearchQAEnv(TextEnv):
             info["success"] = f1 >= SUCCESS_F1
             info["exact_match"] = normalize_answer(argument) == normalize_answer(question.answer)
             self._done = True
-            self._last = f'Question: {question.question}\nYou answered "{argument}"; the answer is "{question.answer}" (F1 {f1:.2f}).'
+            verdict = f'You answered "{argument}"; the answer is "{question.answer}" (F1 {f1:.2f}).'
+            self._last = f"Question: {question.question}\n{verdict}"
             return self._last, f1, True, False, info
         results = self.index.search(argument, self.top_k)
         info["found_gold"] = any(doc.id in question.gold_ids for doc in results)
@@ -295,9 +316,10 @@ class SearchQAEnv(TextEnv):
         """Search each gold document's title, then finish with the gold answer, within the actions left."""
         question = self._require_question()
         titles = {d.id: d.title for d in self.index.docs}
-        searches = [f"search[{titles[i]}]" for i in question.gold_ids] or [f"search[{question.question}]"]
+        queries = [titles[i] for i in question.gold_ids] or [question.question]
         left = self.max_actions - self._taken
-        return searches[: max(left - 1, 0)] + [f"finish[{question.answer}]"]
+        finish = f"finish[{_as_argument(question.answer)}]"
+        return [f"search[{_as_argument(q)}]" for q in queries[: max(left - 1, 0)]] + [finish]
 
     @property
     def question(self) -> Question:

@@ -133,6 +133,7 @@ PRICE_POINTS = (10, 20, 30, 40, 50, 60, 80, 100, 150, 200, 300, 400, 500)
 # How an option value reads in a goal: "in red color and size m".
 _OPTION_PHRASES = {"color": "{} color", "size": "size {}", "model": "for {}", "capacity": "{}", "scent": "{} scent",
                    "flavor": "{} flavor"}  # fmt: skip
+_ACRONYMS = {"bpa": "BPA", "led": "LED", "spf": "SPF", "usb": "USB"}
 _ID_CHARS = "ABCDEFGHJKLMNPQRSTUVWXYZ0123456789"
 _TOKEN = re.compile(r"[a-z0-9]+")
 
@@ -212,15 +213,19 @@ def build_catalog(num_products: int = 500, seed: int = 0) -> Catalog:
             options.append((dim, tuple(values[j] for j in picks)))
         lo, hi = ptype.price_range
         price = round(float(rng.uniform(lo, hi))) - 0.01
-        title = f"{brand} {' '.join(a.title() for a in attributes[:2])} {ptype.title_noun}"
+        title = f"{brand} {' '.join(map(_title_case, attributes[:2]))} {ptype.title_noun}"
         if attributes[2:]:
-            title += ", " + ", ".join(a.title() for a in attributes[2:])
+            title += ", " + ", ".join(map(_title_case, attributes[2:]))
         description = (
             f"The {brand} {ptype.name} is {_join(attributes)}. Choose {_join([dim for dim, _ in options])} "
             f"on the product page."
         )
         products.append(Product(asin, ptype, brand, title, attributes, tuple(options), price, description))
     return Catalog(products)
+
+
+def _title_case(phrase: str) -> str:
+    return " ".join(_ACRONYMS.get(word, word.capitalize()) for word in phrase.split())
 
 
 def _new_asin(rng: np.random.Generator, used: set[str]) -> str:

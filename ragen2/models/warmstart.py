@@ -255,8 +255,8 @@ def sft(
 ) -> list[float]:
     """Supervised fine-tuning on the mask-1 tokens of `samples`; returns the loss of every step.
 
-    The loss is the mean cross-entropy over response tokens of the batch (prompt and
-    environment tokens only condition). Batches group sequences of similar length, so
+    The loss is the mean cross-entropy over the response tokens of the batch; prompt and
+    environment tokens only condition it. Batches group sequences of similar length, so
     little compute goes to padding; their order is reshuffled every epoch from `rng`.
     """
     torch.manual_seed(config.seed)
@@ -272,10 +272,12 @@ def sft(
         ids, mask, attention = _pad(batch, tokenizer.pad_token_id)  # [B, T] each
         for group in optimizer.param_groups:
             group["lr"] = _lr_at(step, config)
-        logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]  # [B, T-1, V]
-        targets, weights = ids[:, 1:], mask[:, 1:].float()  # [B, T-1]: token t+1 is predicted at t
-        token_loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
-        loss = (token_loss * weights.reshape(-1)).sum() / weights.sum()
+        hidden = model.base_model(input_ids=ids, attention_mask=attention).last_hidden_state  # [B, T, H]
+        # Position t predicts token t+1; only response tokens are scored, so only their
+        # positions go through the output layer (most of a sequence is prompt).
+        scored = mask[:, 1:].bool()  # [B, T-1]
+        logits = model.get_output_embeddings()(hidden[:, :-1][scored])  # [N, V]
+        loss = F.cross_entropy(logits, ids[:, 1:][scored])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)

@@ -142,7 +142,11 @@ def load_checkpoint(run_dir: Path) -> Checkpoint:
     try:
         state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise CheckpointError(f"checkpoint {path / STATE_FILE} cannot be read ({type(e).__name__}: {e}); it is corrupt") from e
+        # torch's own message (e.g. advice about weights_only) would mislead here; it stays chained.
+        raise CheckpointError(
+            f"checkpoint {path / STATE_FILE} cannot be read ({type(e).__name__}): it is corrupt or truncated; "
+            "resume from an earlier checkpoint by writing its name (step_N) into " + str(pointer)
+        ) from e
     if not isinstance(state, dict) or state.get("step") != step:
         raise CheckpointError(
             f"checkpoint {path / STATE_FILE} does not hold the state of step {step} "

@@ -475,7 +475,7 @@ def _load_trainable_policy(config: Config, device: torch.device, checkpoint) -> 
             raise
         raise CheckpointError(f"checkpoint {checkpoint.path}: cannot load the policy ({type(e).__name__}: {e})") from e
     if m.gradient_checkpointing:
-        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        policy.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     policy.to(device).train()
     return policy, tokenizer
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import operator
+import random
 from collections import Counter
 from fractions import Fraction
 from pathlib import Path
@@ -18,6 +20,7 @@ from ragen2.envs.countdown import CountdownEnv, solve_countdown
 from ragen2.errors import ConfigError
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "environments.md"
+OPERATIONS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
 
 
 @pytest.mark.parametrize(
@@ -39,8 +42,11 @@ def test_parser_known_values(text, value, numbers):
 
 @pytest.mark.parametrize(
     "text",
-    ["", "=", "-3 + 5", "2 ** 3", "7 // 2", "1.5 + 1", "1e3", "0x10", "1_000", "05 + 1", "3 4", "(3)(4)",
-     "abs(3)", "__import__('os')", "1 = 2 = 3", "1 + 1 = x", "9999999 + 1", "+".join(["1"] * 17), "1" * (MAX_CHARS + 1)],
+    [
+        "", "=", "-3 + 5", "2 ** 3", "7 // 2", "1.5 + 1", "1e3", "0x10", "1_000", "05 + 1", "3 4", "(3)(4)",
+        "abs(3)", "__import__('os')", "1 = 2 = 3", "1 + 1 = x", "9999999 + 1", "+".join(["1"] * 17),
+        "1" * (MAX_CHARS + 1),
+    ],
 )
 def test_parser_rejects_everything_else(text):
     with pytest.raises(NotArithmetic):
@@ -48,7 +54,7 @@ def test_parser_rejects_everything_else(text):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.text(max_size=40))
+@given(st.one_of(st.text(max_size=40), st.text(alphabet="0123456789+-*/() =×÷−", max_size=MAX_CHARS + 5)))
 def test_parser_raises_only_not_arithmetic(text):
     try:
         parse_arithmetic(text)
@@ -64,13 +70,11 @@ def expressions(depth: int = 3):
     sub = expressions(depth - 1)
 
     def join(a, op, b):
-        if a[1] is None or b[1] is None or (op == "/" and b[1] == 0):
-            value = None
-        else:
-            value = {"+": a[1] + b[1], "-": a[1] - b[1], "*": a[1] * b[1], "/": a[1] / b[1] if b[1] else None}[op]
+        undefined = a[1] is None or b[1] is None or (op == "/" and b[1] == 0)
+        value = None if undefined else OPERATIONS[op](a[1], b[1])
         return f"({a[0]}) {op} ({b[0]})", value, a[2] + b[2]
 
-    return st.one_of(leaf, st.builds(join, sub, st.sampled_from("+-*/"), sub))
+    return st.one_of(leaf, st.builds(join, sub, st.sampled_from(sorted(OPERATIONS)), sub))
 
 
 @settings(max_examples=300, deadline=None)
@@ -94,8 +98,6 @@ def reachable(values: tuple[Fraction, ...]) -> set[Fraction]:
 
 @pytest.mark.parametrize("seed", range(40))
 def test_solver_agrees_with_the_slow_reference(seed):
-    import random
-
     rng = random.Random(seed)
     numbers = [rng.randint(1, 12) for _ in range(rng.randint(2, 4))]
     target = rng.randint(1, 60)
@@ -172,7 +174,9 @@ def test_division_by_zero_with_given_numbers_is_wrong_not_invalid():
     assert info["uses_given_numbers"] and not info["success"]
 
 
-@pytest.mark.parametrize("action", ["", "sixteen", "8 * (5 - 3", "-3 + 19", "2 ** 4", "<answer>8 * 2</answer>", "8*2 || 3"])
+@pytest.mark.parametrize(
+    "action", ["", "sixteen", "8 * (5 - 3", "-3 + 19", "2 ** 4", "<answer>8 * 2</answer>", "8*2 || 3"]
+)
 def test_non_equations_are_invalid_and_change_nothing(action):
     env = make("countdown")
     obs, _ = env.reset(seed=3)
@@ -223,14 +227,15 @@ def test_unreachable_target_range_says_how_to_fix_it():
 
 
 def test_check_env_on_a_larger_config():
-    check_env(make("countdown", min_numbers=4, max_numbers=6, max_value=50, min_target=100, max_target=500), seeds=range(3))
+    env = make("countdown", min_numbers=4, max_numbers=6, max_value=50, min_target=100, max_target=500)
+    check_env(env, seeds=range(3))
 
 
 def test_docs_show_a_real_episode():
     docs = DOCS.read_text(encoding="utf-8")
     env = make("countdown")
     assert env.instruction in docs
-    obs, _ = env.reset(seed=0)
+    obs, _ = env.reset(seed=2)
     assert f"```text\n{obs}\n```" in docs
     (action,) = env.solve()
     obs, reward, *_ = env.step(action)

@@ -53,14 +53,20 @@ def test_instruction_names_the_actions_and_the_answer_format(name):
         assert all(action in env.instruction for action in env.valid_actions())
 
 
+# A small model reads the observation every turn: grid and puzzle states stay tiny; pages of
+# search results or a shop carry more text but stay bounded.
+OBS_LIMITS = {"searchqa": 600, "webshop": 1500, "code": 2000, "math": 600}
+
+
 @pytest.mark.parametrize("name", names())
 def test_observations_stay_short(name):
     env = make(name)
+    limit = OBS_LIMITS.get(name, 200)
     for seed in range(50):
         obs, _ = env.reset(seed=seed)
-        assert len(obs) < 200, obs
+        assert len(obs) < limit, obs
         for action in env.solve():
-            assert len(env.step(action)[0]) < 200
+            assert len(env.step(action)[0]) < limit
 
 
 @pytest.mark.parametrize("name", names())

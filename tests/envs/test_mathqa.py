@@ -121,6 +121,15 @@ def test_invalid_answers_use_no_try(action):
     assert env.step(env.answer)[1] == 1.0
 
 
+def test_long_gold_answers_stay_answerable(tmp_path):
+    gold = "\\begin{pmatrix} " + " & ".join(str(i) for i in range(40)) + " \\end{pmatrix}"
+    path = write_jsonl(tmp_path / "long.jsonl", [{"query": "Write the row.", "response": f"The answer is:\n{gold}"}])
+    env = make("math", path=str(path))
+    env.reset(seed=0)
+    assert len(env.answer) > 100 and "\n" not in env.answer
+    assert env.step(env.solve()[0])[4] == {"action_is_valid": True, "success": True}
+
+
 def test_reasoning_gym_questions_follow_the_config_and_replay_per_seed():
     env = make("math", dataset_kwargs={"min_terms": 2, "max_terms": 2, "max_digits": 1})
     questions = set()
@@ -143,8 +152,8 @@ def test_file_questions_are_drawn_by_seed():
 @pytest.mark.parametrize(
     "cfg, message",
     [
-        ({"dataset": "basic_arithmetc"}, "dataset='basic_arithmetc' is not a reasoning-gym dataset.*Did you mean: basic_arithmetic"),
-        ({"dataset_kwargs": {"min_term": 2}}, r"dataset_kwargs=\{'min_term': 2\} rejected by reasoning-gym's 'basic_arithmetic'"),
+        ({"dataset": "basic_arithmetc"}, "'basic_arithmetc' is not a reasoning-gym dataset.*Did you mean: basic_ari"),
+        ({"dataset_kwargs": {"min_term": 2}}, r"\{'min_term': 2\} rejected by reasoning-gym's 'basic_arithmetic'"),
         ({"dataset_kwargs": {"min_terms": 0}}, "min_terms must be positive"),
         ({"path": str(GSM8K), "dataset_kwargs": {"min_terms": 2}}, "drop one"),
         ({"max_tries": 0}, "max_tries=0 is not allowed: use an integer >= 1"),
@@ -169,6 +178,7 @@ def test_step_before_reset_raises():
 
 def test_docs_show_a_real_episode():
     docs = DOCS.read_text(encoding="utf-8")
+    assert f"```text\n{make('math').reset(seed=0)[0]}\n```" in docs
     env = make("math", path=str(GSM8K))
     assert env.instruction in docs
     obs, _ = env.reset(seed=0)

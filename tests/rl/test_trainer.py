@@ -187,6 +187,19 @@ def test_gradient_accumulation_matches_one_big_micro_batch(policy_dir, tmp_path,
         torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-6, rtol=1e-4, msg=name)
 
 
+def test_gradient_checkpointing_gives_the_same_gradient(policy_dir, tmp_path):
+    grads = []
+    for checkpointing in ("false", "true"):
+        run = trainer.setup(tiny_config(policy_dir, tmp_path / checkpointing, f"model.gradient_checkpointing={checkpointing}",
+                                        "optim.lr=0"))
+        batch = trainer.advantage_phase(run, _with_varied_returns(run))
+        trainer.update_phase(run, batch, step=1, scale=1.0)
+        grads.append({n: p.grad.clone() for n, p in run.policy.named_parameters()})
+        run.tracker.close()
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-6, rtol=1e-5, msg=name)
+
+
 def test_lr_schedule():
     assert [trainer.lr_factor(s, 2, "constant", 10) for s in (1, 2, 3, 10)] == [0.5, 1.0, 1.0, 1.0]
     assert [trainer.lr_factor(s, 0, "linear", 4) for s in (1, 2, 3, 4)] == [1.0, 0.75, 0.5, 0.25]

@@ -1,0 +1,213 @@
+"""Checkpoints: atomic layout, clear errors on bad ones, exact resume after SIGKILL, Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import ragen2
+from ragen2.config import load_config
+from ragen2.errors import CheckpointError
+from ragen2.models.tiny import build_model, build_tokenizer
+from ragen2.rl.checkpoint import latest_step, load_checkpoint, mark_latest, rng_state, save_checkpoint, set_rng_state
+from ragen2.tracking import read_events, read_metrics
+
+REPO = Path(ragen2.__file__).resolve().parents[1]
+CORPUS = [
+    "You are playing a two-armed bandit. Pull one arm to get a reward. Arms: Dragon, Turtle.",
+    "Turn 1:\nState:\nArms: Dragon, Turtle. Which arm do you pull?\nYou have 1 actions left.",
+    "<think>The arms are Dragon and Turtle. I try Dragon.</think><answer>Dragon</answer>",
+] * 10
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory):
+    """A tiny random policy saved as a Hugging Face directory: (path, model, tokenizer)."""
+    path = tmp_path_factory.mktemp("policy")
+    tokenizer = build_tokenizer(CORPUS, vocab_size=300)
+    model = build_model(tokenizer, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path, model, tokenizer
+
+
+def _saved(run_dir: Path, policy, step: int = 3) -> Path:
+    _, model, tokenizer = policy
+    path = save_checkpoint(run_dir, step, model, tokenizer, load_config("bandit"), {"optimizer": {}})
+    mark_latest(run_dir, step)
+    return path
+
+
+# ----------------------------------------------------------------------------- layout and errors
+
+
+def test_checkpoint_layout_and_latest_pointer(policy, tmp_path):
+    stale = tmp_path / "checkpoints" / ".step_2.tmp-abc"  # what a kill during a write leaves
+    stale.mkdir(parents=True)
+    assert latest_step(tmp_path) is None
+    path = _saved(tmp_path, policy)
+    assert path == tmp_path / "checkpoints" / "step_3"
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "config.yaml", "trainer_state.pt"):
+        assert (path / name).is_file(), name
+    assert not stale.exists()
+    assert latest_step(tmp_path) == 3
+    checkpoint = load_checkpoint(tmp_path)
+    assert checkpoint.step == 3 and checkpoint.path == path and checkpoint.critic_path is None
+    assert set(checkpoint.state) >= {"optimizer", "step", "rng"}
+
+
+def test_latest_is_only_moved_by_mark_latest(policy, tmp_path):
+    _saved(tmp_path, policy, step=2)
+    _, model, tokenizer = policy
+    save_checkpoint(tmp_path, 4, model, tokenizer, load_config("bandit"), {})
+    assert latest_step(tmp_path) == 2  # step 4 exists but its metrics may not be on disk yet
+    with pytest.raises(CheckpointError, match="step_7"):
+        mark_latest(tmp_path, 7)
+
+
+def test_missing_checkpoint_names_the_path(tmp_path):
+    with pytest.raises(CheckpointError, match=str(tmp_path / "checkpoints" / "latest")):
+        load_checkpoint(tmp_path)
+
+
+def test_corrupt_trainer_state_names_the_file(policy, tmp_path):
+    path = _saved(tmp_path, policy)
+    (path / "trainer_state.pt").write_bytes(b"not a torch file")
+    with pytest.raises(CheckpointError, match=r"step_3/trainer_state\.pt cannot be read.*corrupt"):
+        load_checkpoint(tmp_path)
+
+
+def test_incomplete_checkpoint_names_what_is_missing(policy, tmp_path):
+    path = _saved(tmp_path, policy)
+    (path / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match=r"step_3 is incomplete: missing model\.safetensors"):
+        load_checkpoint(tmp_path)
+
+
+def test_garbled_pointer(policy, tmp_path):
+    _saved(tmp_path, policy)
+    (tmp_path / "checkpoints" / "latest").write_text("step_x\n")
+    with pytest.raises(CheckpointError, match="expected 'step_N'"):
+        load_checkpoint(tmp_path)
+    (tmp_path / "checkpoints" / "latest").write_text("step_9\n")
+    with pytest.raises(CheckpointError, match="step_9.*does not exist"):
+        load_checkpoint(tmp_path)
+
+
+def test_rng_state_round_trip():
+    state = rng_state()
+    expected = (random.random(), np.random.rand(), torch.rand(1).item())
+    random.random(), np.random.rand(), torch.rand(3)
+    set_rng_state(state)
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
+
+
+# ----------------------------------------------------------------------------- interrupted runs
+
+
+def _train_command(policy_dir: Path, run_dir: Path, total_steps: int) -> list[str]:
+    return [
+        sys.executable, "-m", "ragen2", "train", "bandit",
+        f"model.path={policy_dir}", "model.device=cpu", f"trainer.run_dir={run_dir}",
+        "rollout.num_groups=2", "rollout.group_size=4", "rollout.max_tokens_per_turn=8",
+        f"trainer.total_steps={total_steps}", "trainer.save_every=2", "trainer.eval_every=2",
+        "trainer.eval_episodes=4", "algo.mini_batch_size=4", "algo.micro_batch_size=2", "optim.lr=1e-3",
+        "filter.include_zero=true", "filter.strategy=none", "algo.kl_coef=0.01",
+        "logging.tensorboard=false",
+    ]
+
+
+def _env() -> dict[str, str]:
+    # One thread in every process: equal float reductions, so the runs can be compared exactly.
+    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+
+
+def _logged_steps(run_dir: Path) -> list[int]:
+    try:
+        return [r["step"] for r in read_metrics(run_dir)]
+    except (FileNotFoundError, ValueError):
+        return []
+
+
+def _wait_for(condition, proc: subprocess.Popen, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc.poll() is not None:
+            raise AssertionError(f"training exited early with {proc.returncode}:\n{proc.stderr.read()}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError("timed out waiting for the training subprocess")
+        time.sleep(0.02)
+
+
+def _comparable(record: dict) -> dict:
+    return {k: v for k, v in record.items() if not k.startswith(("timing_s/", "system/"))}
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_matches_an_uninterrupted_run(policy, tmp_path):
+    policy_dir = policy[0]
+    steps = 4
+    full_dir, killed_dir = tmp_path / "full", tmp_path / "killed"
+    kwargs = dict(cwd=REPO, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    full = subprocess.Popen(_train_command(policy_dir, full_dir, steps), **kwargs)
+    killed = subprocess.Popen(_train_command(policy_dir, killed_dir, steps), **kwargs)
+    # Kill once a checkpoint is marked and the next step is logged, so the resume must drop it.
+    _wait_for(lambda: (latest_step(killed_dir) or 0) >= 2 and max(_logged_steps(killed_dir), default=0) > latest_step(killed_dir), killed)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    checkpoint = latest_step(killed_dir)
+    assert checkpoint < steps and max(_logged_steps(killed_dir)) > checkpoint
+
+    resumed = subprocess.run(
+        [sys.executable, "-m", "ragen2", "train", "--resume", str(killed_dir)],
+        cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert full.wait(timeout=300) == 0, full.stderr.read()
+
+    expected = read_metrics(full_dir)
+    got = read_metrics(killed_dir)
+    assert [r["step"] for r in got] == list(range(steps + 1))  # step 0 is the initial evaluation
+    assert [r["step"] for r in expected] == list(range(steps + 1))
+    for want, have in zip(expected, got):
+        want, have = _comparable(want), _comparable(have)
+        assert set(have) == set(want), f"step {want['step']}"
+        for key, value in want.items():
+            assert have[key] == pytest.approx(value, rel=1e-5, abs=1e-7, nan_ok=True), f"step {want['step']} {key}"
+    assert latest_step(killed_dir) == steps
+    assert "run dir" in resumed.stdout
+
+
+def test_resume_without_checkpoint_is_refused(policy, tmp_path):
+    from ragen2.rl.trainer import train
+
+    config = load_config("bandit", [f"model.path={policy[0]}", "model.device=cpu"])
+    with pytest.raises(CheckpointError, match="no complete checkpoint"):
+        train(config, resume_dir=tmp_path)
+
+
+@pytest.mark.slow
+def test_ctrl_c_checkpoints_the_last_completed_step(policy, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        _train_command(policy[0], run_dir, total_steps=50), cwd=REPO, env=_env(),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    _wait_for(lambda: max(_logged_steps(run_dir), default=0) >= 1, proc)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=120) == 130, proc.stderr.read()
+    last = max(_logged_steps(run_dir))
+    assert 1 <= last < 50
+    assert latest_step(run_dir) == last
+    assert load_checkpoint(run_dir).step == last
+    assert read_events(run_dir)[-1]["kind"] == "interrupted"
