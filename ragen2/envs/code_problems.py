@@ -30,7 +30,7 @@ import io
 import json
 import pickle
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +97,11 @@ BUILTIN_PROBLEMS: tuple[Problem, ...] = (
         "fizzbuzz_lines",
         "Read n. Print 1..n one per line, but Fizz for multiples of 3, Buzz for multiples of 5, "
         "FizzBuzz for both.",
-        [("5", "1\n2\nFizz\n4\nBuzz"), ("1", "1"), ("15", "1\n2\nFizz\n4\nBuzz\nFizz\n7\n8\nFizz\nBuzz\n11\nFizz\n13\n14\nFizzBuzz")],
+        [
+            ("5", "1\n2\nFizz\n4\nBuzz"),
+            ("1", "1"),
+            ("15", "1\n2\nFizz\n4\nBuzz\nFizz\n7\n8\nFizz\nBuzz\n11\nFizz\n13\n14\nFizzBuzz"),
+        ],
         """
 n = int(input())
 for i in range(1, n + 1):
@@ -193,7 +197,8 @@ print("YES" if n > 1 and all(n % d for d in range(2, int(n ** 0.5) + 1)) else "N
     ),
     _stdin(
         "leap_year",
-        "Read a year. Print YES if it is a leap year (divisible by 4, but centuries only if divisible by 400), else NO.",
+        "Read a year. Print YES if it is a leap year (divisible by 4, but centuries only if divisible by 400), "
+        "else NO.",
         [("2024", "YES"), ("1900", "NO"), ("2000", "YES"), ("2023", "NO")],
         "y = int(input())\nprint('YES' if y % 4 == 0 and (y % 100 != 0 or y % 400 == 0) else 'NO')",
     ),
@@ -311,17 +316,15 @@ def load_problems(path: str | Path, max_tests: int | None = None) -> list[Proble
             if not isinstance(row, dict):
                 raise ConfigError(f"{where}: expected a JSON object, got {type(row).__name__}")
             problem = _parse_row(row, where, default_id=f"{path.stem}:{lineno}")
-            if max_tests is not None:
-                problem = Problem(problem.id, problem.statement, problem.tests[:max_tests], problem.fn_name,
-                                  problem.solution)  # fmt: skip
-            problems.append(problem)
+            problems.append(replace(problem, tests=problem.tests[:max_tests]))
     if not problems:
         raise ConfigError(f"{path}: no problems in the file")
     return problems
 
 
 def _parse_row(row: dict, where: str, default_id: str) -> Problem:
-    pid = str(next((row[k] for k in ("id", "question_id", "task_id", "problem_id") if row.get(k) is not None), default_id))
+    ids = (row[k] for k in ("id", "question_id", "task_id", "problem_id") if row.get(k) is not None)
+    pid = str(next(ids, default_id))
     if "input_output" in row:
         statement = _need_text(row, "question", where, "TACO")
         fn_name, tests = _taco_tests(_json_field(row, "input_output", where), where)

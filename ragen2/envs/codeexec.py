@@ -10,14 +10,14 @@ import json
 import math
 import re
 import textwrap
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import gymnasium as gym
 
 from ragen2.envs import ENVS
 from ragen2.envs.base import TextEnv
-from ragen2.envs.code_problems import BUILTIN_PROBLEMS, Problem, CodeTest, call_text, load_problems
+from ragen2.envs.code_problems import BUILTIN_PROBLEMS, CodeTest, Problem, call_text, load_problems
 from ragen2.envs.sandbox import Limits, RunResult, run_programs
 from ragen2.errors import ConfigError, did_you_mean
 
@@ -25,6 +25,9 @@ _FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", flags=re.S | r
 # Marks the return value printed by the function-test driver, after anything the program printed.
 _RESULT_MARKER = "\x1eragen2-result\x1e"
 _CLIP = 200  # characters of each feedback field
+# The instruction's two example programs; they are also `valid_actions()`.
+_FUNCTION_EXAMPLE = "def double(x):\n    return 2 * x"
+_STDIN_EXAMPLE = "print(input().upper())"
 _LIMIT_MESSAGES = {
     "wall_time": "time limit exceeded",
     "cpu_time": "time limit exceeded",
@@ -82,7 +85,7 @@ if {fn_name!r} in namespace:
 elif "Solution" in namespace:
     function = getattr(namespace["Solution"](), {fn_name!r})
 else:
-    raise NameError("the program does not define {fn_name}")
+    raise NameError({f"the program does not define {fn_name}"!r})
 result = function(*json.loads(sys.stdin.read()))
 sys.stdout.write("\\n" + {_RESULT_MARKER!r} + json.dumps(result) + "\\n")
 """
@@ -98,7 +101,7 @@ class GradedTest:
     run: RunResult
 
 
-def grade(problem: Problem, program: str, limits: Limits, workers: int = 2) -> list[GradedTest]:
+def grade(problem: Problem, program: str, limits: Limits, workers: int = 4) -> list[GradedTest]:
     """Run `program` on every test of `problem` in the sandbox, `workers` tests at a time."""
     if problem.fn_name is None:
         jobs = [(program, test.input) for test in problem.tests]
@@ -128,8 +131,11 @@ def _check(problem: Problem, test: CodeTest, result: RunResult) -> tuple[bool, s
 
 
 def same_output(got: str, expected: str) -> bool:
-    """stdout equality as judges use it: trailing spaces and blank lines ignored; else token by token,
-    numbers equal within 1e-6 (absolute or relative)."""
+    """stdout equality as judges use it.
+
+    Equal when the lines match ignoring trailing spaces and trailing blank lines; else
+    when the whitespace-separated tokens match, numbers within 1e-6 (absolute or relative).
+    """
     if _lines(got) == _lines(expected):
         return True
     got_tokens, expected_tokens = got.split(), expected.split()
@@ -191,9 +197,9 @@ class CodeEnv(TextEnv):
     block is used). stdin problems read standard input and print the answer; function
     problems define the named function (or a `Solution` class method), which is called
     with each test's arguments. Text that is not a compilable program (empty, prose,
-    a syntax error) is an invalid action. `valid_actions()` gives three trivial
-    well-formed programs for random agents (echo the input / return the first
-    argument, print or return 0, return None); they rarely pass.
+    a syntax error) is an invalid action. `valid_actions()` gives the
+    instruction's two example programs (print the input in capitals; define
+    `double`): well-formed, and they solve no built-in problem.
 
     ## Observation
     At reset, the problem statement (built-ins add the first test as an example). After
@@ -219,7 +225,10 @@ class CodeEnv(TextEnv):
     instruction: ClassVar[str] = (
         "You are solving a programming problem in Python 3. Write one complete program.\n"
         "If the problem names a function, define it: it is called with each test's arguments and its return "
-        "value is checked. Otherwise read standard input and print the answer to standard output.\n"
+        'value is checked. For "Write double(x) returning twice x":\n'
+        f"{_FUNCTION_EXAMPLE}\n"
+        'Otherwise read standard input and print the answer. For "Print the input line in capitals":\n'
+        f"{_STDIN_EXAMPLE}\n"
         "Only the standard library is available; the network, subprocesses and files outside the working "
         "directory are not.\n"
         "Reward: the fraction of hidden tests your program passes. When failing tests are reported back, "
@@ -236,7 +245,7 @@ class CodeEnv(TextEnv):
         max_tries: int = 3,
         max_tests: int | None = None,
         limits: dict | None = None,
-        workers: int = 2,
+        workers: int = 4,
     ) -> None:
         if max_tries < 1:
             raise ConfigError(f"max_tries={max_tries} is not allowed: use an integer >= 1")
@@ -245,7 +254,7 @@ class CodeEnv(TextEnv):
         if workers < 1:
             raise ConfigError(f"workers={workers} is not allowed: use an integer >= 1")
         if problems is None:
-            self.problems = [Problem(p.id, p.statement, p.tests[:max_tests], p.fn_name, p.solution) for p in BUILTIN_PROBLEMS]
+            self.problems = [replace(p, tests=p.tests[:max_tests]) for p in BUILTIN_PROBLEMS]
         else:
             self.problems = load_problems(problems, max_tests=max_tests)
         self._by_id = {p.id: p for p in self.problems}
@@ -309,12 +318,8 @@ class CodeEnv(TextEnv):
         return text + (f"\nAttempts left: {left}. Answer with a corrected program." if left else "")
 
     def valid_actions(self) -> list[str]:
-        problem = self._require_problem()
-        if problem.fn_name is None:
-            return ["print(input())", "print(0)", "import sys\nprint(sys.stdin.read())"]
-        fn = problem.fn_name
-        return [f"def {fn}(*args):\n    return args[0]", f"def {fn}(*args):\n    return 0",
-                f"def {fn}(*args):\n    return None"]  # fmt: skip
+        """The instruction's two example programs: well-formed, and they solve no built-in problem."""
+        return [_STDIN_EXAMPLE, _FUNCTION_EXAMPLE]
 
     def solve(self) -> list[str] | None:
         """The problem's reference program as the one action, or None when it has none."""

@@ -14,7 +14,9 @@ from ragen2.envs.webshop_catalog import PRODUCT_TYPES, Catalog, Goal, Product, b
 from ragen2.errors import ConfigError
 
 RESULTS_PER_PAGE = 10  # WebShop's page size
-BACK_TO_SEARCH, NEXT_PAGE, PREV_PAGE, DESCRIPTION, BUY_NOW = "back to search", "next >", "< prev", "description", "buy now"
+# Button texts, lowercase as WebShop's text env shows them.
+BACK_TO_SEARCH, NEXT_PAGE, PREV_PAGE = "back to search", "next >", "< prev"
+DESCRIPTION, BUY_NOW = "description", "buy now"
 _ACTION = re.compile(r"\s*(search|click)\s*\[([^\[\]]*)\]\s*", flags=re.I)
 _INVALID_INFO = {"action_is_valid": False, "success": False}
 
@@ -49,7 +51,7 @@ class _SyntheticShop:
         """The clickable texts on the current page, in page order."""
         if self.page == "results":
             pages = self._num_pages()
-            nav = [BACK_TO_SEARCH] + ([PREV_PAGE] if self.page_no > 1 else []) + ([NEXT_PAGE] if self.page_no < pages else [])
+            nav = [BACK_TO_SEARCH] + [PREV_PAGE] * (self.page_no > 1) + [NEXT_PAGE] * (self.page_no < pages)
             return nav + [p.asin for p in self._page_products()]
         if self.page == "item":
             values = [v for _, vs in self.item.options for v in vs]
@@ -95,7 +97,8 @@ class _SyntheticShop:
             return (f"You bought [{self.item.asin}] {self.item.title} ({chosen}) for ${self.item.price:.2f}. "
                     f"Reward: {self.reward:.2f}.")  # fmt: skip
         if self.page == "results":
-            body = f'Results for "{self.query}" (page {self.page_no} of {self._num_pages()}, {len(self.results)} results)'
+            count = f"page {self.page_no} of {self._num_pages()}, {len(self.results)} results"
+            body = f'Results for "{self.query}" ({count})'
             body += "".join(f"\n[{p.asin}] {p.title} | ${p.price:.2f}" for p in self._page_products())
         elif self.page == "item":
             body = f"[{self.item.asin}] {self.item.title}\nPrice: ${self.item.price:.2f}"
@@ -198,14 +201,14 @@ class WebShopEnv(TextEnv):
     ## Description
     A WebShop-style task (Yao et al., 2022) on a generated catalogue
     (`webshop_catalog.build_catalog`): `num_products` products (default 500) of 16
-    types in 7 departments (clothing, electronics, home, bags, beauty, grocery), each
+    types in 6 departments (clothing, electronics, home, bags, beauty, grocery), each
     with a brand, 2-4 attributes (e.g. "slim fit", "noise cancelling", "sulfate
     free"), option dimensions (color, size, model, capacity, scent, flavor) and a
     price; the catalogue depends only on `catalog_seed`. Each reset draws a goal from
     one product (`make_goal`): 1-3 of its attributes, one value per option dimension
     and a price bound above its price, phrased as WebShop's synthetic instructions
     ("i need a slim fit cotton t-shirt in red color and size m, and price lower than
-    30.00 dollars"). Search is BM25 (rank-bm25's Okapi) over title, type, category,
+    30.00 dollars"). Search is BM25 (bm25s) over title, type, category,
     attributes and option values; the top 50 results are shown 10 per page.
     `solve()` searches the goal's words, pages to the goal's product (it always
     exists), chooses the goal's options and buys: reward 1. With
@@ -266,7 +269,9 @@ class WebShopEnv(TextEnv):
         if backend not in ("synthetic", "original"):
             raise ConfigError(f"backend={backend!r} is not allowed: use 'synthetic' or 'original'")
         if num_products < len(PRODUCT_TYPES):
-            raise ConfigError(f"num_products={num_products} is not allowed: use at least {len(PRODUCT_TYPES)} (one per type)")
+            raise ConfigError(
+                f"num_products={num_products} is not allowed: use at least {len(PRODUCT_TYPES)} (one per product type)"
+            )
         if max_actions < 1:
             raise ConfigError(f"max_actions={max_actions} is not allowed: use an integer >= 1")
         self.max_actions = max_actions
@@ -298,7 +303,8 @@ class WebShopEnv(TextEnv):
         reward = shop.reward if terminated else 0.0
         truncated = not terminated and self._actions_taken >= self.max_actions
         self._done = terminated or truncated
-        return shop.text(), reward, terminated, truncated, {"action_is_valid": True, "success": terminated and reward == 1.0}
+        info = {"action_is_valid": True, "success": terminated and reward == 1.0}
+        return shop.text(), reward, terminated, truncated, info
 
     def valid_actions(self) -> list[str]:
         shop = self._require_shop()

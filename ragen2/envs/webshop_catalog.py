@@ -15,7 +15,6 @@ import re
 from dataclasses import dataclass
 
 import numpy as np
-from rank_bm25 import BM25Okapi
 
 
 @dataclass(frozen=True)
@@ -167,17 +166,20 @@ class Catalog:
     """Products plus a BM25 index over their text (title, type, category, attributes, option values)."""
 
     def __init__(self, products: list[Product]) -> None:
+        import bm25s  # imported on first use, so `import ragen2.envs` stays fast
+
         self.products = products
         self.by_asin = {p.asin: p for p in products}
-        self._bm25 = BM25Okapi([tokenize(_document(p)) for p in products])
+        self._bm25 = bm25s.BM25()
+        self._bm25.index([tokenize(_document(p)) for p in products], show_progress=False)
 
     def search(self, query: str, top_n: int = 50) -> list[Product]:
-        """The best `top_n` products for `query` by BM25 (Okapi, rank-bm25's defaults), best first.
+        """The best `top_n` products for `query` by BM25 (bm25s's defaults: Lucene's variant, k1=1.5, b=0.75).
 
         Products sharing no word with the query are left out; ties keep catalogue order.
         50 results is WebShop's default.
         """
-        tokens = tokenize(query)
+        tokens = [t for t in tokenize(query) if t in self._bm25.vocab_dict]
         if not tokens:
             return []
         scores = self._bm25.get_scores(tokens)

@@ -52,11 +52,13 @@ def _solution(env: TextEnv) -> list[str]:
 
 
 def sokoban_demo(env: SokobanEnv, max_actions: int, rng: np.random.Generator) -> str:
-    """Name the box to move, its target, and the push that the shortest solution makes next.
+    """Restate the positions, then the push that the shortest solution makes next.
 
-    E.g. `Player at (row 2, col 2). Box at (row 3, col 3), target at (row 4, col 3): push it
-    Down from (row 2, col 3).` The push cell is the box's far side, so the walk there and the
-    push itself both follow from the stated cells.
+    E.g. `Player at (row 2, col 2); box at (row 3, col 3); target at (row 4, col 3). Push it
+    Down from (row 2, col 3).` The first sentence repeats the observation's coordinates line
+    (for one box, verbatim): a copy a small model learns early, after which the push and
+    the moves depend only on numbers at fixed places in its own reasoning. The push cell is
+    the box's far side, so both the walk there and the push follow from the stated cells.
     """
     solution = _solution(env)
     player, boxes = env.player, set(env.boxes)
@@ -70,17 +72,18 @@ def sokoban_demo(env: SokobanEnv, max_actions: int, rng: np.random.Generator) ->
         raise AssertionError(f"solution {solution} never pushes a box")
     target = min(env.targets, key=lambda t: (abs(t[0] - box[0]) + abs(t[1] - box[1]), t))
     reasoning = (
-        f"Player at {_fmt(env.player)}. Box at {_fmt(box)}, target at {_fmt(target)}: "
-        f"push it {push} from {_fmt(_shift(box, push, -1))}."
+        f"Player at {_fmt(env.player)}; box at {_fmt(box)}; target at {_fmt(target)}. "
+        f"Push it {push} from {_fmt(_shift(box, push, -1))}."
     )
     return _response(reasoning, solution[:max_actions])
 
 
 def frozenlake_demo(env: FrozenLakeEnv, max_actions: int, rng: np.random.Generator) -> str:
-    """Say where the goal lies from the player and which hole, if any, the next moves steer around.
+    """Restate the positions, say where the goal lies and which hole, if any, the next moves steer around.
 
     A hole is "in the way" when a move toward the goal from a cell on this turn's path would
-    fall into it: the reason the shortest path turns where it does.
+    fall into it: the reason the shortest path turns where it does. The first sentence is
+    the observation's coordinates line, verbatim (see `sokoban_demo`).
     """
     solution = _solution(env)
     goal, holes, cell = env.goal, set(env.holes), env.player
@@ -99,7 +102,7 @@ def frozenlake_demo(env: FrozenLakeEnv, max_actions: int, rng: np.random.Generat
             break
         cell = _shift(cell, move)
     avoid = f"I avoid the hole at {_fmt(in_the_way)}." if in_the_way else "No hole is in the way."
-    reasoning = f"Player at {_fmt(env.player)}, goal at {_fmt(goal)}: the goal is {direction}. {avoid}"
+    reasoning = f"Player at {_fmt(env.player)}; goal at {_fmt(goal)}. The goal is {direction}. {avoid}"
     return _response(reasoning, solution[:max_actions])
 
 
@@ -107,7 +110,7 @@ def bandit_demo(env: BanditEnv, max_actions: int, rng: np.random.Generator) -> s
     """Name both arms and pull one uniformly at random: the warm start must not know the better arm."""
     first, second = env.arm_names
     arm = (first, second)[int(rng.integers(2))]
-    return _response(f"The arms are {first} and {second}. I try {arm}.", [arm])
+    return _response(f"Arms: {first}, {second}. I try {arm}.", [arm])
 
 
 ORACLES: dict[type[TextEnv], Callable[[TextEnv, int, np.random.Generator], str]] = {

@@ -290,7 +290,8 @@ def policy_step(run: Run, mini: Batch, scale: float) -> dict[str, float]:
         mb = mini.select(rows)
         logits = run.policy(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1]  # [b, t-1, V]
         logp = token_logprobs(logits, mb.targets)  # [b, t-1]
-        entropy = entropy_from_logits(logits)  # [b, t-1], over the full vocabulary
+        # Full-vocabulary entropy [b, t-1]; without a bonus it is only logged, so no graph is kept for it.
+        entropy = entropy_from_logits(logits if a.entropy_coef else logits.detach())
         pg_loss, pg_stats = policy_loss(
             logp, mb.old_logp, mb.advantages, mb.mask, a.clip_low, a.clip_high, agg, norm_tokens=norm, **counts
         )
@@ -384,8 +385,10 @@ def on_interrupt(run: Run) -> None:
         checkpoint_phase(run, run.step)
         mark_latest(run.run_dir, run.step)
         run.saved_step = run.step
-    run.tracker.log_event("interrupted", f"interrupted after step {run.step}; checkpoint at step {run.saved_step}", run.step)
-    log.warning("interrupted: resume with `ragen2 train --resume %s`", run.run_dir)
+    where = f"checkpoint at step {run.saved_step}" if run.saved_step else "no checkpoint yet"
+    run.tracker.log_event("interrupted", f"interrupted after step {run.step}; {where}", run.step)
+    if run.saved_step:
+        log.warning("interrupted: resume with `ragen2 train --resume %s`", run.run_dir)
 
 
 # ----------------------------------------------------------------------------- setup
@@ -625,8 +628,8 @@ def _measured_scores(run: Run, trajectories: list[Trajectory], metric: str) -> n
         return np.array([sum(len(t.response_ids) for t in traj.turns) for traj in trajectories], float).reshape(P, G)
     if metric != "entropy":
         return None
-    with_samples = [t for t in trajectories if t.samples]
-    batch = build_batch(with_samples, run.tokenizer.pad_token_id).to(run.device)
+    present = [i for i, t in enumerate(trajectories) if t.samples]  # episodes whose env did not fail at reset
+    batch = build_batch([trajectories[i] for i in present], run.tokenizer.pad_token_id).to(run.device)
 
     def entropy(mb: Batch) -> torch.Tensor:
         logits = run.policy(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1]
@@ -634,11 +637,11 @@ def _measured_scores(run: Run, trajectories: list[Trajectory], metric: str) -> n
 
     with torch.no_grad():
         token_entropy = _in_micro_batches(entropy, batch, run.config.algo.micro_batch_size)  # [B, T-1]
-    n = len(with_samples)
-    sums = torch.zeros(n, device=run.device).index_add_(0, batch.traj_index, (token_entropy * batch.mask).sum(1))
-    counts = torch.zeros(n, device=run.device).index_add_(0, batch.traj_index, batch.mask.sum(1))
-    per_traj = dict(zip(map(id, with_samples), (sums / counts.clamp_min(1)).tolist()))
-    return np.array([per_traj.get(id(t), 0.0) for t in trajectories]).reshape(P, G)
+    sums = torch.zeros(len(present), device=run.device).index_add_(0, batch.traj_index, (token_entropy * batch.mask).sum(1))
+    counts = torch.zeros(len(present), device=run.device).index_add_(0, batch.traj_index, batch.mask.sum(1))
+    scores = np.zeros(len(trajectories))
+    scores[present] = (sums / counts.clamp_min(1)).cpu().numpy()  # mean token entropy of each episode
+    return scores.reshape(P, G)
 
 
 def _loss_agg(config: Config) -> str:

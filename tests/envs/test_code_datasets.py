@@ -124,8 +124,9 @@ def test_max_tests_keeps_the_first_tests(tmp_path):
         ({"problem": "q"}, r":2: DeepCoder layout needs a 'tests' field"),
         ({"problem": "q", "tests": "[{\"input\": \"1\"}]"}, r":2: test 0 must be an object with 'input' and 'output'"),
         ({"problem": "q", "tests": [{"input": "1", "output": "1", "testtype": "functional"}]}, r"need a function name"),
-        ({"problem": "q", "tests": [{"input": "1", "output": "1", "testtype": "functional", "metadata": {"func_name": "f"}},
-                                    {"input": "1", "output": "1"}]}, r"mixes stdin and functional tests"),
+        ({"problem": "q", "tests": [{"input": "1", "output": "1", "testtype": "functional",
+                                     "metadata": {"func_name": "f"}}, {"input": "1", "output": "1"}]},
+         r"mixes stdin and functional tests"),
         ({"problem": "q", "tests": []}, r":2: the problem has no tests"),
     ],
 )  # fmt: skip
@@ -141,7 +142,8 @@ class Boom:
 
 
 def test_compressed_tests_never_unpickle_code(tmp_path, capsys):
-    row = {"question_content": "q", "private_test_cases": base64.b64encode(zlib.compress(pickle.dumps(Boom()))).decode()}
+    packed = base64.b64encode(zlib.compress(pickle.dumps(Boom()))).decode()
+    row = {"question_content": "q", "private_test_cases": packed}
     path = write_jsonl(tmp_path, [row])
     with pytest.raises(ConfigError, match="refusing to load builtins.print"):
         load_problems(path)

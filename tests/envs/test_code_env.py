@@ -167,11 +167,11 @@ def test_valid_actions_are_programs_that_solve_nothing():
     for problem in BUILTIN_PROBLEMS:
         env.reset(options={"problem": problem.id})
         actions = env.valid_actions()
-        assert len(actions) == 3 and all(parse_program(a) for a in actions)
+        assert len(actions) == 2 and all(parse_program(a) and a in env.instruction for a in actions)
         _, reward, _, _, info = env.step(actions[0])
         assert not info["success"]
         rewards.append(reward)
-    assert 0 < sum(rewards) / len(rewards) < 0.2  # echoing the input passes the odd test
+    assert 0 < sum(rewards) / len(rewards) < 0.1  # printing the input passes the odd test
 
 
 def test_seeds_pick_problems_reproducibly():

@@ -52,11 +52,15 @@ def battery(port: int, probe_path: str) -> list[tuple[str, str, float]]:
         ("reads /etc/passwd", "print(open('/etc/passwd').read())", 0.0),
         ("writes outside its directory", f"open({probe_path!r}, 'w').write('owned')", 0.0),
         ("opens a network socket", f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)", 0.0),
-        ("shell via subprocess", "import subprocess\nprint(subprocess.check_output('cat /etc/passwd', shell=True))", 0.0),
+        ("shell via subprocess", "import subprocess\nsubprocess.run('cat /etc/passwd', shell=True)", 0.0),
         ("kills its parent and the host", f"import os\nos.kill(os.getppid(), 9)\nos.kill({os.getpid()}, 9)", 0.0),
         ("prints the environment", "import os\nprint(dict(os.environ))", 0.0),
         ("reads the host's /proc environ", f"print(open('/proc/{os.getpid()}/environ').read())", 0.0),
-        ("passes one test, loops on the other", "a, b = map(int, input().split())\nwhile a == 5:\n    pass\nprint(a + b)", 0.5),
+        (
+            "passes one test, loops on the other",
+            "a, b = map(int, input().split())\nwhile a == 5:\n    pass\nprint(a + b)",
+            0.5,
+        ),
     ]
 
 
@@ -71,8 +75,8 @@ def run_battery() -> list[dict]:
     try:
         with ThreadPoolExecutor(max_workers=2) as pool:  # each hostile program runs next to a correct one
             pairs = [
-                (pool.submit(grade, SUM, program, BATTERY_LIMITS), pool.submit(grade, SUM, SUM.solution, BATTERY_LIMITS))
-                for _, program, _ in cases
+                (pool.submit(grade, SUM, source, BATTERY_LIMITS), pool.submit(grade, SUM, SUM.solution, BATTERY_LIMITS))
+                for _, source, _ in cases
             ]
             rows = [_row(name, expected, h.result(), g.result()) for (name, _, expected), (h, g) in zip(cases, pairs)]
         with pytest.raises(BlockingIOError):
@@ -89,7 +93,7 @@ def _row(name: str, expected: float, outcomes: list[GradedTest], good: list[Grad
     reason = failing.run.killed_reason
     return {
         "program": name,
-        "outcome": f"limit: {reason}" if reason else failing.got.removeprefix("error: ")[:70],
+        "outcome": f"limit: {reason}" if reason else failing.got.removeprefix("error: ")[:100],
         "reward": sum(o.passed for o in outcomes) / len(outcomes),
         "expected": expected,
         "wall_s": max(o.run.wall_s for o in outcomes),
@@ -217,7 +221,8 @@ def test_os_files_only_own_and_world_writable_places(tmp_path):
     probe = f"/tmp/ragen2-os-probe-{uuid.uuid4().hex}"
     program = (
         "import errno\n"
-        f"for path, mode in [('/etc/ragen2-probe', 'w'), ({str(secret)!r}, 'r'), ({probe!r}, 'w'), ('/etc/passwd', 'r')]:\n"
+        f"paths = [('/etc/ragen2-probe', 'w'), ({str(secret)!r}, 'r'), ({probe!r}, 'w'), ('/etc/passwd', 'r')]\n"
+        "for path, mode in paths:\n"
         "    try:\n"
         "        open(path, mode).close()\n"
         "        print('ok')\n"
@@ -315,7 +320,8 @@ def write_docs() -> None:
     note = ", ".join(f"{k}={v}" for k, v in report.items())
     block = (
         f"{BEGIN}\n`python tests/envs/test_sandbox.py --write-docs` (as root; isolation(): {note}; "
-        f"each program's tests run with `Limits(wall_s=2.0, cpu_s=1, memory_mb=256)`, next to a correct program that scored "
+        "each program's tests run with `Limits(wall_s=2.0, cpu_s=1, memory_mb=256)`, "
+        "next to a correct program that scored "
         f"{min(r['good_reward'] for r in rows):.1f}):\n\n{table}\n{END}"
     )
     docs = DOCS.read_text(encoding="utf-8")
