@@ -21,6 +21,13 @@ examples:
   ragen2 train --list-keys                      # every config key with default and help
 """
 
+DIAGNOSE_EPILOG = """\
+examples:
+  ragen2 diagnose runs/sokoban-grpo-X/rollouts/step_30.jsonl --model runs/sokoban-grpo-X/checkpoints/step_30
+  ragen2 diagnose out/completions/completions_00100.parquet --model Qwen/Qwen3-0.6B --device cuda
+  ragen2 diagnose rollouts.jsonl --model tiny --scheme trajectory --out diag
+"""
+
 
 def _config_help() -> str:
     from ragen2.config import describe
@@ -83,6 +90,27 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    from ragen2.collapse.offline import diagnose_cli
+
+    result = diagnose_cli(
+        args.rollouts,
+        args.model,
+        format=args.format,
+        out=Path(args.out) if args.out else None,
+        scheme=args.scheme,
+        num_samples=args.num_samples,
+        seed=args.seed,
+        device=args.device,
+        dtype=args.dtype,
+        micro_batch_size=args.micro_batch_size,
+        marginal=args.marginal,
+    )
+    print(result["table"])
+    print(f"wrote {result['json_path']} and {result['heatmap_path']}")
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from ragen2.report import write_report
 
@@ -139,6 +167,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="Seed (default: 0).")
     p.add_argument("--force", action="store_true", help="Rebuild even when cached.")
     p.set_defaults(func=cmd_warmstart)
+
+    p = sub.add_parser(
+        "diagnose",
+        help="MI proxies (template collapse) of saved rollouts, scored by a model.",
+        description="Score every reasoning of a rollout file under every input with MODEL, print the MI "
+        "proxies (Retrieval-Acc, MI-Est, MI-ZScore, ...), write diagnose.json and a heatmap PNG. Reads the "
+        "rollout records of `ragen2 train` (rollouts/step_N.jsonl, or any JSONL of "
+        '{"group", "prompt", "reasoning"} objects) and TRL GRPOTrainer completion logs. See docs/diagnostics.md.',
+        epilog=DIAGNOSE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("rollouts", help="Rollout file: records .jsonl, or TRL completions .parquet / .jsonl / W&B .json.")
+    p.add_argument("--model", required=True,
+                   help="Scoring model: a Hugging Face directory or hub name; 'tiny' = the built-in policy.")
+    p.add_argument("--format", default="auto", choices=["auto", "ragen2", "trl", "records"],
+                   help="Input format (default: auto; ragen2 = records).")
+    p.add_argument("--out", help="Output directory (default: diagnose-<file name>).")
+    p.add_argument("--scheme", default="first_turn", choices=["first_turn", "trajectory", "pairs"],
+                   help="Pair sampling (default: first_turn; see docs/diagnostics.md).")
+    p.add_argument("--num-samples", type=int, default=64, help="Pairs to score (default: 64, the reference).")
+    p.add_argument("--seed", type=int, default=0, help="Seed of the pair sampling (default: 0).")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda (default: auto).")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="Model dtype (default: float32).")
+    p.add_argument("--micro-batch-size", type=int, default=32, help="Reasonings per forward pass (default: 32).")
+    p.add_argument("--marginal", default="mixture", choices=["mixture", "token_mean"],
+                   help="MI-Est marginal: the paper's mixture (default) or the reference code's token_mean.")
+    p.set_defaults(func=cmd_diagnose)
 
     p = sub.add_parser("report", help="Write PNG figures and report.html for a run directory.")
     p.add_argument("run_dir", help="A run directory written by `ragen2 train`.")

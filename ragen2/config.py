@@ -141,6 +141,48 @@ class CollapseConfig:
     compute_freq: int = _f(5, "Compute at step 1 and every N steps. Reference: 5.")
     num_samples: int = _f(64, "Pairs per sampling scheme. Reference: 64.")
     micro_batch_size: int = _f(32, "Reasonings scored per forward pass.")
+    marginal: Literal["mixture", "token_mean"] = _f(
+        "mixture",
+        "Per-token marginal of MI-Est: mixture (the paper's formula) or token_mean (the reference code's variant).",
+    )
+    alarm: Literal["off", "warn", "stop"] = _f(
+        "warn",
+        "Template-collapse alarm: off; warn (log a warning and a `collapse_alarm` event); "
+        "stop (also checkpoint and end the run).",
+    )
+    alarm_rule: Literal["retrieval_near_chance", "zscore_drop", "both"] = _f(
+        "retrieval_near_chance",
+        "What counts as collapsed at a check: Retrieval-Acc within `alarm_margin` of chance, MI-ZScore-EMA "
+        "fallen by `alarm_drop` from its running maximum, or both at once.",
+    )
+    alarm_scheme: Literal["first_turn", "trajectory"] = _f(
+        "first_turn", "Which sampling scheme's proxies the alarm watches."
+    )
+    alarm_margin: float = _f(0.05, "Retrieval-Acc <= chance_level + this counts as at chance (absolute).")
+    alarm_drop: float = _f(
+        0.5, "MI-ZScore-EMA <= (1 - this) x its running maximum counts as dropped (fraction in (0, 1]).",
+    )
+    alarm_entropy_band: float | None = _f(
+        0.5,
+        "The alarm only fires while `cond_entropy` (the token entropy of the reasoning) stays within +-band x "
+        "its value at the first check: MI falling while entropy looks fine. null = ignore entropy.",
+    )
+    alarm_patience: int = _f(3, "Consecutive collapsed checks before the alarm fires.")
+
+    def __post_init__(self) -> None:
+        """Checked here (not only in `validate`) because the trainer and tests build this directly."""
+        for name in ("compute_freq", "num_samples", "micro_batch_size", "alarm_patience"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"collapse.{name}={getattr(self, name)} is not allowed: use an integer >= 1")
+        if not 0 <= self.alarm_margin < 1:
+            raise ConfigError(f"collapse.alarm_margin={self.alarm_margin} is not allowed: use a number in [0, 1)")
+        if not 0 < self.alarm_drop <= 1:
+            raise ConfigError(f"collapse.alarm_drop={self.alarm_drop} is not allowed: use a fraction in (0, 1]")
+        if self.alarm_entropy_band is not None and self.alarm_entropy_band <= 0:
+            raise ConfigError(
+                f"collapse.alarm_entropy_band={self.alarm_entropy_band} is not allowed: "
+                "use a positive fraction, or null to ignore entropy"
+            )
 
 
 @dataclass

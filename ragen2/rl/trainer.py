@@ -3,6 +3,7 @@
 One step is a list of named, timed phases (each logged as `timing_s/<phase>`):
 
     rollout    play P groups x G episodes with the current policy (ragen2.agent.rollout)
+    diagnose   MI proxies of template collapse on the whole batch (ragen2.collapse.online)
     filter     keep the groups whose returns vary most (ragen2.filtering, RAGEN-2 §6)
     advantage  advantages of the kept groups only, so group baselines stay intact
     update     clipped policy-gradient epochs over mini-batches (+ the critic for PPO)
@@ -40,6 +41,8 @@ import yaml
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ragen2.agent import HFBackend, RolloutStats, Trajectory, group_seeds, rollout, summarize
+from ragen2.collapse.alarm import AlarmDecision
+from ragen2.collapse.online import OnlineDiagnostics
 from ragen2.config import Config, save_config, to_dict
 from ragen2.envs import EVAL_SEED_OFFSET
 from ragen2.errors import CheckpointError, ConfigError
@@ -93,6 +96,7 @@ class Run:
     tokenizer: PreTrainedTokenizerBase
     optimizer: torch.optim.Optimizer
     tracker: Tracker
+    diagnostics: OnlineDiagnostics
     critic: PreTrainedModel | None = None  # PPO only
     critic_optimizer: torch.optim.Optimizer | None = None
     reference: PreTrainedModel | None = None  # frozen initial policy, only when algo.kl_coef > 0
@@ -141,6 +145,9 @@ def training_step(run: Run, step: int, interrupts: _Interrupts) -> dict[str, flo
     timer = _PhaseTimer()
     with timer("rollout"):
         trajectories, metrics = rollout_phase(run, step)
+    if run.diagnostics.should_run(step):
+        with timer("diagnose"):
+            metrics |= diagnose_phase(run, trajectories, step)
     with timer("filter"):
         kept, filter_metrics = filter_phase(run, trajectories)
     metrics |= filter_metrics
@@ -194,6 +201,14 @@ def rollout_phase(run: Run, step: int) -> tuple[list[Trajectory], dict[str, floa
         "timing_s/generate": stats.generate_s,
     }
     return trajectories, metrics
+
+
+def diagnose_phase(run: Run, trajectories: list[Trajectory], step: int) -> dict[str, float]:
+    """MI proxies on the batch before filtering (they describe the policy that sampled it)."""
+    result = run.diagnostics.step(run.policy, run.tokenizer, trajectories, step)
+    if result.alarm is not None:
+        collapse_alarm(run, result.alarm)
+    return result.metrics
 
 
 def filter_phase(run: Run, trajectories: list[Trajectory]) -> tuple[list[Trajectory], dict[str, float]]:
@@ -346,8 +361,17 @@ def checkpoint_phase(run: Run, step: int) -> None:
         "optimizer": run.optimizer.state_dict(),
         "critic_optimizer": run.critic_optimizer.state_dict() if run.critic_optimizer else None,
         "skipped_in_a_row": run.skipped_in_a_row,
+        "diagnostics": run.diagnostics.state_dict(),
     }
     save_checkpoint(run.run_dir, step, run.policy, run.tokenizer, run.config, state, run.critic)
+
+
+def collapse_alarm(run: Run, alarm: AlarmDecision) -> None:
+    """The template-collapse alarm fired: warn, record it, and with `collapse.alarm=stop` end after this step."""
+    log.warning("step %d: %s", alarm.step, alarm.message)
+    run.tracker.log_event("collapse_alarm", alarm.message, alarm.step, **alarm.data)
+    if alarm.stop:
+        run.stop_reason = f"template-collapse alarm (collapse.alarm=stop): {alarm.message}"
 
 
 def skip_step(run: Run, step: int, metrics: dict[str, float]) -> None:
@@ -431,7 +455,9 @@ def setup(config: Config, resume_dir: Path | None = None) -> Run:
         run_dir, to_dict(config), tensorboard=config.logging.tensorboard,
         wandb=config.logging.wandb, wandb_project=config.logging.wandb_project,
     )
-    run = Run(config, run_dir, device, policy, tokenizer, optimizer, tracker, critic, critic_optimizer, reference)
+    diagnostics = OnlineDiagnostics(config.collapse, config.trainer.seed)
+    run = Run(config, run_dir, device, policy, tokenizer, optimizer, tracker, diagnostics, critic, critic_optimizer,
+              reference)
     if checkpoint is not None:
         _restore(run, checkpoint)
     return run
@@ -515,6 +541,7 @@ def _restore(run: Run, checkpoint) -> None:
         if run.critic_optimizer is not None:
             run.critic_optimizer.load_state_dict(state["critic_optimizer"])
         set_rng_state(state["rng"])
+        run.diagnostics.load_state_dict(state["diagnostics"])
     except (KeyError, ValueError, TypeError, RuntimeError) as e:
         raise CheckpointError(
             f"checkpoint {checkpoint.path}: its trainer state does not fit this run ({type(e).__name__}: {e})"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ from ragen2.rl import trainer
 from ragen2.rl.batch import build_batch
 from ragen2.tracking import read_events, read_metrics
 
+METRICS_DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 CORPUS = [
     "You are playing a two-armed bandit. Pull one arm to get a reward. Arms: Dragon, Turtle.",
     "Turn 1:\nState:\nArms: Dragon, Turtle. Which arm do you pull?\nYou have 1 actions left.",
@@ -255,6 +257,18 @@ def test_short_run_writes_the_run_directory(policy_dir, tmp_path):
     assert set(lines[0]) == {"group", "prompt", "reasoning", "response", "reward", "episode", "turn"}
     assert lines[0]["prompt"].endswith("<think>")
     assert "run dir" in summary and str(run_dir) in summary and "2 / 2" in summary
+
+
+def test_every_emitted_metric_is_documented(policy_dir, tmp_path):
+    """Each key a PPO run with KL writes has a row in docs/metrics.md (STYLE 7)."""
+    run_dir = tmp_path / "run"
+    config = tiny_config(policy_dir, run_dir, "algo.name=ppo", "algo.kl_coef=0.01", "trainer.total_steps=1",
+                         "trainer.eval_every=1", "filter.include_zero=true", "filter.strategy=none")
+    trainer.train(config)
+    documented = set(re.findall(r"^\| `([^`]+)` \|", METRICS_DOC.read_text(), flags=re.MULTILINE))
+    emitted = {key for record in read_metrics(run_dir) for key in record} - {"step"}
+    assert {"train/value_loss", "train/kl", "eval/success_rate"} <= emitted
+    assert emitted - documented == set()
 
 
 def test_empty_steps_are_skipped_then_the_run_stops(policy_dir, tmp_path):

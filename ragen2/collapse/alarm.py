@@ -1,0 +1,128 @@
+"""The template-collapse alarm: MI proxies falling while token entropy looks fine.
+
+A token-entropy dashboard cannot see template collapse (SPEC §1): the reasoning stops depending
+on the input while its diversity stays where it was. The alarm watches the primary proxies of
+one sampling scheme at every diagnostics check and fires when, for `alarm_patience` consecutive
+checks,
+
+- the rule holds: `retrieval_near_chance` (Retrieval-Acc <= chance_level + alarm_margin),
+  `zscore_drop` (MI-ZScore-EMA <= (1 - alarm_drop) x its running maximum, which must be > 0:
+  the MI has to have been there to fall), or `both` at once;
+- and H(Z|X) (`cond_entropy`, the policy's token entropy on the sampled reasoning) is within
+  +-alarm_entropy_band (relative) of its value at the first check.
+
+The entropy condition is what makes it a *template*-collapse alarm: when entropy falls out of
+the band as well, the policy is collapsing in the ordinary, visible way (it stopped exploring,
+or it degenerated into noise), and the alarm stays quiet. It fires once per run of collapsed
+checks; a healthy check re-arms it. `CollapseAlarm.update` is pure bookkeeping over the metric
+dict, so the trainer decides what firing means (`collapse.alarm`: warn, or warn and stop).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ragen2.config import CollapseConfig
+
+
+@dataclass(frozen=True)
+class AlarmDecision:
+    """The alarm fired at `step`: what to do, why in words, and the numbers behind it."""
+
+    step: int
+    action: Literal["warn", "stop"]
+    message: str
+    data: dict[str, float]  # the proxies and thresholds of the firing check, for the event record
+
+    @property
+    def stop(self) -> bool:
+        return self.action == "stop"
+
+
+class CollapseAlarm:
+    """Consecutive-check bookkeeping for `collapse.alarm*`; `state_dict` goes into checkpoints."""
+
+    def __init__(self, config: CollapseConfig) -> None:
+        self.config = config
+        self.reference_entropy: float | None = None  # cond_entropy at the first check
+        self.max_zscore: float | None = None  # running maximum of MI-ZScore-EMA
+        self.streak = 0  # consecutive collapsed checks, up to and including the last one
+        self.fired = False  # already fired during the current streak
+
+    def update(self, step: int, metrics: dict[str, float]) -> AlarmDecision | None:
+        """Fold in one check's metrics (`collapse_<alarm_scheme>/...`); the decision when it fires.
+
+        Metrics without the watched scheme's `retrieval_acc` (steps off the schedule, or a batch
+        with no reasoning to score) are not a check: nothing changes.
+        """
+        cfg = self.config
+        prefix = f"collapse_{cfg.alarm_scheme}/"
+        if cfg.alarm == "off" or prefix + "retrieval_acc" not in metrics:
+            return None
+        acc, chance = metrics[prefix + "retrieval_acc"], metrics[prefix + "chance_level"]
+        zscore, entropy = metrics[prefix + "mi_zscore_ema"], metrics[prefix + "cond_entropy"]
+
+        if self.reference_entropy is None:
+            self.reference_entropy = entropy
+        self.max_zscore = zscore if self.max_zscore is None else max(self.max_zscore, zscore)
+        near_chance = acc <= chance + cfg.alarm_margin
+        dropped = self.max_zscore > 0 and zscore <= (1 - cfg.alarm_drop) * self.max_zscore
+        collapsed = {"retrieval_near_chance": near_chance, "zscore_drop": dropped, "both": near_chance and dropped}
+        band = cfg.alarm_entropy_band
+        entropy_steady = band is None or abs(entropy - self.reference_entropy) <= band * abs(self.reference_entropy)
+
+        if collapsed[cfg.alarm_rule] and entropy_steady:
+            self.streak += 1
+        else:
+            self.streak, self.fired = 0, False
+        if self.streak < cfg.alarm_patience or self.fired:
+            return None
+        self.fired = True
+        data = {
+            "retrieval_acc": acc,
+            "chance_level": chance,
+            "mi_zscore_ema": zscore,
+            "mi_zscore_ema_max": self.max_zscore,
+            "cond_entropy": entropy,
+            "cond_entropy_first_check": self.reference_entropy,
+            "checks": float(self.streak),
+        }
+        return AlarmDecision(step, cfg.alarm, self._message(step, data), data)
+
+    def _message(self, step: int, d: dict[str, float]) -> str:
+        cfg = self.config
+        why = {
+            "retrieval_near_chance": f"Retrieval-Acc {d['retrieval_acc']:.3f} within {cfg.alarm_margin} of chance "
+            f"{d['chance_level']:.3f}",
+            "zscore_drop": f"MI-ZScore-EMA {d['mi_zscore_ema']:.3g} down more than {cfg.alarm_drop:.0%} from its "
+            f"maximum {d['mi_zscore_ema_max']:.3g}",
+        }
+        rules = list(why) if cfg.alarm_rule == "both" else [cfg.alarm_rule]
+        entropy = (
+            f" while reasoning entropy H(Z|X) {d['cond_entropy']:.3f} stays within ±{cfg.alarm_entropy_band:.0%} of "
+            f"{d['cond_entropy_first_check']:.3f}"
+            if cfg.alarm_entropy_band is not None
+            else ""
+        )
+        return (
+            f"template collapse suspected at step {step} ({cfg.alarm_scheme} pairs): "
+            f"{' and '.join(why[r] for r in rules)} for {int(d['checks'])} consecutive checks{entropy}. The reasoning "
+            "no longer depends on the input. Train on high reward-variance groups (filter.strategy=top_p with "
+            "filter.value=0.9 or lower, filter.include_zero=false) or weaken the input-agnostic regularisers "
+            "(algo.kl_coef, algo.entropy_coef); docs/diagnostics.md explains the signal."
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "reference_entropy": self.reference_entropy,
+            "max_zscore": self.max_zscore,
+            "streak": self.streak,
+            "fired": self.fired,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.reference_entropy = state["reference_entropy"]
+        self.max_zscore = state["max_zscore"]
+        self.streak = int(state["streak"])
+        self.fired = bool(state["fired"])

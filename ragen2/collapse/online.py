@@ -1,0 +1,187 @@
+"""The MI proxies during training: sample (input, reasoning) pairs from a batch, score, measure.
+
+The trainer makes one call per step, before filtering (SPEC §4: the proxies describe the policy
+that produced the batch, not the subset it trains on):
+
+    result = diagnostics.step(policy, tokenizer, trajectories, step)
+    metrics |= result.metrics                       # {} on steps off the schedule
+    if result.alarm is not None: ...                # warn, log the event, maybe stop
+
+Two sampling schemes, logged under separate prefixes (RAGEN-2, Sec. 4):
+
+- `collapse_first_turn/`: first turns only. Every group's episodes share an environment seed,
+  so their first prompts are identical; the columns are the groups' first prompts (P of them)
+  and up to `num_samples` first-turn reasonings are scored under all of them.
+- `collapse_trajectory/`: `num_samples` times, a trajectory uniformly, then one of its turns
+  uniformly. Later turns carry the whole dialogue, so every pair's prompt is its own column
+  (P ~ num_samples); identical prompts still form one class through `input_ids`.
+
+The reasoning Z is `turn.response_ids[start:end]` for the turn's `reasoning_span`; the input X
+is `turn.prompt_ids` (it ends with `<think>`). Turns with empty reasoning are dropped and
+counted as `valid_thinking_rate`. Sampling is drawn from (seed, step) alone, so a resumed run
+samples exactly as the uninterrupted one; the EMA scales of MI-ZScore-EMA and the alarm's
+state are carried across steps and saved with checkpoints through `state_dict`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from ragen2.agent.types import Trajectory, Turn
+from ragen2.collapse.alarm import AlarmDecision, CollapseAlarm
+from ragen2.collapse.metrics import EmaState, mi_metrics
+from ragen2.collapse.scoring import score_matrix
+from ragen2.config import CollapseConfig
+
+SCHEMES = ("first_turn", "trajectory")
+RECALL_KS = (2, 4, 8)  # recall@1 is retrieval_acc, logged once
+
+
+@dataclass
+class Pairs:
+    """What one sampling scheme hands to the scorer: P inputs, M reasonings, and who came from where."""
+
+    prompts: list[list[int]]  # P token-id sequences X_j (the columns)
+    reasonings: list[list[int]]  # M non-empty token-id sequences Z_m
+    source: list[int]  # M column indices i(m)
+    valid_thinking_rate: float  # share of the turns considered whose reasoning was non-empty
+
+
+@dataclass
+class StepResult:
+    """What `OnlineDiagnostics.step` returns: the metrics to log and the alarm, if it fired."""
+
+    metrics: dict[str, float] = field(default_factory=dict)
+    alarm: AlarmDecision | None = None
+
+
+class OnlineDiagnostics:
+    """MI proxies on the training batch at step 1 and every `compute_freq` steps, plus the alarm."""
+
+    def __init__(self, config: CollapseConfig, seed: int) -> None:
+        self.config = config
+        self.seed = seed
+        self.ema: dict[str, EmaState | None] = {scheme: None for scheme in SCHEMES}
+        self.alarm = CollapseAlarm(config)
+
+    def should_run(self, step: int) -> bool:
+        """Step 1, then every `compute_freq` steps (1, 5, 10, ... with the reference's 5)."""
+        return self.config.enable and (step == 1 or step % self.config.compute_freq == 0)
+
+    def step(
+        self, model: torch.nn.Module, tokenizer: Any, trajectories: Sequence[Trajectory], step: int
+    ) -> StepResult:
+        """The trainer's one call per step: metrics when scheduled, then the alarm on them."""
+        if not self.should_run(step):
+            return StepResult()
+        metrics = self.run(model, tokenizer, trajectories, step)
+        return StepResult(metrics, self.alarm.update(step, metrics))
+
+    def run(
+        self, model: torch.nn.Module, tokenizer: Any, trajectories: Sequence[Trajectory], step: int
+    ) -> dict[str, float]:
+        """Both schemes' proxies on `trajectories` (the unfiltered batch), scored by `model`.
+
+        Returns `collapse_<scheme>/<metric>` for every number `mi_metrics` returns, plus
+        `collapse_<scheme>/valid_thinking_rate`. A scheme with no non-empty reasoning reports
+        only `valid_thinking_rate` and `num_pairs` (0), and its EMA state is left as it was.
+        """
+        out: dict[str, float] = {}
+        for stream, scheme in enumerate(SCHEMES):
+            rng = np.random.default_rng([self.seed % 2**63, step, stream])
+            sample = first_turn_pairs if scheme == "first_turn" else trajectory_pairs
+            pairs = sample(trajectories, self.config.num_samples, rng)
+            prefix = f"collapse_{scheme}/"
+            out[prefix + "valid_thinking_rate"] = pairs.valid_thinking_rate
+            if not pairs.reasonings:
+                out[prefix + "num_pairs"] = 0.0
+                continue
+            logp = score_matrix(
+                model, tokenizer, pairs.prompts, pairs.reasonings, micro_batch_size=self.config.micro_batch_size
+            )  # [M, P]
+            result = mi_metrics(
+                logp,
+                np.array(pairs.source),
+                lengths=np.array([len(z) for z in pairs.reasonings]),
+                input_ids=pairs.prompts,
+                ks=RECALL_KS,
+                ema_state=self.ema[scheme],
+                marginal=self.config.marginal,
+            )
+            self.ema[scheme] = result.pop("ema_state")
+            out.update({prefix + key: float(value) for key, value in result.items()})
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain data for a checkpoint: the EMA scales of both schemes and the alarm's state."""
+        return {
+            "ema": {scheme: dataclasses.asdict(s) if s is not None else None for scheme, s in self.ema.items()},
+            "alarm": self.alarm.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.ema = {scheme: EmaState(**s) if s is not None else None for scheme, s in state["ema"].items()}
+        self.alarm.load_state_dict(state["alarm"])
+
+
+def reasoning_ids(turn: Turn) -> list[int]:
+    """Z: the turn's reasoning tokens, strictly between `<think>` and `</think>` (may be empty)."""
+    start, end = turn.reasoning_span
+    return list(turn.response_ids[start:end])
+
+
+def first_turn_pairs(trajectories: Sequence[Trajectory], num_samples: int, rng: np.random.Generator) -> Pairs:
+    """Up to `num_samples` first-turn pairs, drawn without replacement among those with reasoning.
+
+    `valid_thinking_rate` is over all first turns of the batch, before the draw.
+
+    Columns are the distinct (group, first prompt) of the batch, all of them whether or not one
+    of their reasonings was drawn: the marginal is over the batch's inputs. Within a group the
+    prompts are identical (shared seed), so this is one column per group.
+    """
+    columns: dict[tuple[int, tuple[int, ...]], int] = {}
+    candidates: list[tuple[int, list[int]]] = []  # (column, Z) of every first turn with reasoning
+    first_turns = [t for t in trajectories if t.turns]
+    for traj in first_turns:
+        turn = traj.turns[0]
+        column = columns.setdefault((traj.group_id, tuple(turn.prompt_ids)), len(columns))
+        z = reasoning_ids(turn)
+        if z:
+            candidates.append((column, z))
+    picked = rng.permutation(len(candidates))[:num_samples]
+    return Pairs(
+        prompts=[list(prompt) for _, prompt in columns],
+        reasonings=[candidates[i][1] for i in picked],
+        source=[candidates[i][0] for i in picked],
+        valid_thinking_rate=len(candidates) / len(first_turns) if first_turns else 0.0,
+    )
+
+
+def trajectory_pairs(trajectories: Sequence[Trajectory], num_samples: int, rng: np.random.Generator) -> Pairs:
+    """`num_samples` draws of (trajectory uniformly, then a turn of it uniformly); each pair is a column.
+
+    Draws are with replacement, as the scheme is defined; a draw whose reasoning is empty is
+    dropped after drawing, and `valid_thinking_rate` is the share of draws that were kept.
+    """
+    with_turns = [t for t in trajectories if t.turns]
+    prompts, reasonings = [], []
+    drawn = num_samples if with_turns else 0
+    for _ in range(drawn):
+        traj = with_turns[rng.integers(len(with_turns))]
+        turn = traj.turns[rng.integers(len(traj.turns))]
+        z = reasoning_ids(turn)
+        if z:
+            prompts.append(list(turn.prompt_ids))
+            reasonings.append(z)
+    return Pairs(
+        prompts=prompts,
+        reasonings=reasonings,
+        source=list(range(len(reasonings))),
+        valid_thinking_rate=len(reasonings) / drawn if drawn else 0.0,
+    )

@@ -1,0 +1,171 @@
+"""OnlineDiagnostics: schedule, the two sampling schemes, EMA carried across steps, determinism,
+checkpoint state, and agreement with a hand-assembled score matrix."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ragen2.collapse import OnlineDiagnostics, mi_metrics, score_matrix_naive
+from ragen2.collapse.online import first_turn_pairs, reasoning_ids, trajectory_pairs
+from ragen2.config import CollapseConfig
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+METRICS_DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
+
+PROMPTS = [  # one first observation per group (the group shares the env seed)
+    "Turn 1: player at (row 1, col 2), box right.",
+    "Turn 1: player at (row 3, col 2), box left.",
+    "Turn 1: arms Dragon, Turtle.",
+]
+REASONINGS = ["Go left then up.", "The box is right of me.", "I push it down onto the target.", "Dragon."]
+
+
+@pytest.fixture
+def batch(make_trajectory):
+    return lambda **kw: _batch(make_trajectory, **kw)
+
+
+def _batch(make_trajectory, groups=PROMPTS, per_group=3, empty_first=((1, 0),)):
+    """len(groups) x per_group trajectories of two turns; `empty_first` lists (group, index) with empty
+    first-turn reasoning."""
+    trajectories = []
+    for g, prompt in enumerate(groups):
+        for k in range(per_group):
+            first = "" if (g, k) in empty_first else REASONINGS[(g + k) % len(REASONINGS)]
+            second = REASONINGS[(g + 2 * k + 1) % len(REASONINGS)]
+            trajectories.append(make_trajectory(g, [(prompt, first), (prompt + f" Turn 2 of {k}.", second)]))
+    return trajectories
+
+
+def config(**kw) -> CollapseConfig:
+    return CollapseConfig(**{"compute_freq": 5, "num_samples": 12, "micro_batch_size": 8, **kw})
+
+
+def test_schedule_is_step_one_then_every_compute_freq():
+    diag = OnlineDiagnostics(config(compute_freq=5), seed=0)
+    assert [s for s in range(1, 21) if diag.should_run(s)] == [1, 5, 10, 15, 20]
+    assert not any(OnlineDiagnostics(config(enable=False), 0).should_run(s) for s in range(1, 11))
+
+
+def test_first_turn_columns_are_the_groups(tiny_tokenizer, batch):
+    trajectories = batch()
+    pairs = first_turn_pairs(trajectories, 64, np.random.default_rng(0))
+    assert len(pairs.prompts) == 3  # P = groups, though group 1 has an empty first reasoning
+    assert len(pairs.reasonings) == 8  # 9 first turns, one empty
+    assert pairs.valid_thinking_rate == pytest.approx(8 / 9)
+    for z, j in zip(pairs.reasonings, pairs.source):  # every reasoning points at its group's prompt
+        owners = [t for t in trajectories if reasoning_ids(t.turns[0]) == z]
+        assert any(t.turns[0].prompt_ids == pairs.prompts[j] for t in owners)
+    fewer = first_turn_pairs(trajectories, 5, np.random.default_rng(0))
+    assert len(fewer.reasonings) == 5 and len(fewer.prompts) == 3  # still all groups as columns
+
+
+def test_identical_group_prompts_are_one_class(tiny_tokenizer, tiny_model, batch):
+    trajectories = batch(groups=[PROMPTS[0], PROMPTS[0], PROMPTS[2]])
+    out = OnlineDiagnostics(config(), 0).run(tiny_model, tiny_tokenizer, trajectories, 1)
+    assert out["collapse_first_turn/num_inputs"] == 3
+    assert out["collapse_first_turn/num_distinct_inputs"] == 2
+    assert out["collapse_first_turn/chance_level"] == pytest.approx(1 / 2)
+
+
+def test_trajectory_pairs_are_their_own_columns(tiny_tokenizer, batch):
+    trajectories = batch()
+    pairs = trajectory_pairs(trajectories, 40, np.random.default_rng(3))
+    assert len(pairs.prompts) == len(pairs.reasonings) == len(pairs.source)
+    assert pairs.source == list(range(len(pairs.reasonings)))
+    # 18 turns, 1 empty: about 1/18 of the draws are dropped, and some draws hit a second turn.
+    assert 30 <= len(pairs.reasonings) <= 40
+    assert pairs.valid_thinking_rate == pytest.approx(len(pairs.reasonings) / 40)
+    first_prompts = {tuple(t.turns[0].prompt_ids) for t in trajectories}
+    assert any(tuple(p) not in first_prompts for p in pairs.prompts)
+
+
+def test_run_returns_both_prefixes_as_numbers(tiny_tokenizer, tiny_model, batch):
+    out = OnlineDiagnostics(config(), 0).run(tiny_model, tiny_tokenizer, batch(), 1)
+    for prefix in ("collapse_first_turn/", "collapse_trajectory/"):
+        for key in ("retrieval_acc", "mi_zscore_ema", "cond_entropy", "valid_thinking_rate", "num_pairs"):
+            assert isinstance(out[prefix + key], float)
+    assert not any("ema_state" in key for key in out)
+    documented = set(re.findall(r"^\| `([^`]+)` \|", METRICS_DOC.read_text(), flags=re.MULTILINE))
+    assert set(out) - documented == set()  # STYLE 7: every emitted key has a row in docs/metrics.md
+    assert out["collapse_first_turn/num_inputs"] == 3 and out["collapse_first_turn/num_pairs"] == 8
+    assert out["collapse_trajectory/num_inputs"] == out["collapse_trajectory/num_pairs"] <= 12
+
+
+def test_online_equals_hand_assembled_matrix(tiny_tokenizer, tiny_model, batch):
+    """Reference: the first-turn proxies equal naive scoring of [prompt | reasoning] fed to mi_metrics."""
+    trajectories = batch()
+    out = OnlineDiagnostics(config(), 0).run(tiny_model, tiny_tokenizer, trajectories, 1)
+
+    prompts = [trajectories[3 * g].turns[0].prompt_ids for g in range(3)]
+    pairs = [(reasoning_ids(t.turns[0]), t.group_id) for t in trajectories if reasoning_ids(t.turns[0])]
+    reasonings = [z for z, _ in pairs]
+    logp = np.array(
+        [[score_matrix_naive(tiny_model, None, [p], [z])[0, 0] for p in prompts] for z in reasonings]
+    )  # [M, P], one unbatched forward per pair
+    expected = mi_metrics(logp, np.array([g for _, g in pairs]), lengths=np.array([len(z) for z in reasonings]),
+                          input_ids=prompts)
+    for key in ("retrieval_acc", "recall@2", "mi_est", "mi_seq_est", "mi_zscore", "mi_zscore_ema",
+                "cond_entropy", "reasoning_entropy", "chance_level", "num_pairs", "num_inputs"):
+        assert out[f"collapse_first_turn/{key}"] == pytest.approx(expected[key], abs=1e-4), key
+
+
+def test_ema_is_carried_and_checkpointed(tiny_tokenizer, tiny_model, batch):
+    first, second = batch(), batch(groups=PROMPTS[::-1], empty_first=())
+    diag = OnlineDiagnostics(config(), 0)
+    one = diag.run(tiny_model, tiny_tokenizer, first, 1)
+    saved = diag.state_dict()
+    five = diag.run(tiny_model, tiny_tokenizer, second, 5)
+    for prefix in ("collapse_first_turn/", "collapse_trajectory/"):
+        expected = 0.9 * one[prefix + "marginal_std"] + 0.1 * five[prefix + "marginal_std"]
+        assert five[prefix + "marginal_std_ema"] == pytest.approx(expected)
+        assert five[prefix + "mi_zscore_ema"] == pytest.approx(five[prefix + "mi_est"] / (expected + 1e-3))
+        assert five[prefix + "mi_zscore_ema"] != pytest.approx(five[prefix + "mi_zscore"])
+    resumed = OnlineDiagnostics(config(), 0)
+    resumed.load_state_dict(saved)
+    assert resumed.run(tiny_model, tiny_tokenizer, second, 5) == five  # a resumed run continues exactly
+
+
+def test_sampling_depends_only_on_seed_and_step(tiny_tokenizer, tiny_model, batch):
+    trajectories = batch()
+    cfg = config(num_samples=6)
+    a = OnlineDiagnostics(cfg, 7).run(tiny_model, tiny_tokenizer, trajectories, 5)
+    b = OnlineDiagnostics(cfg, 7).run(tiny_model, tiny_tokenizer, trajectories, 5)
+    assert a == b
+    def draw(seed: int, step: int) -> list[list[int]]:
+        return trajectory_pairs(trajectories, 6, np.random.default_rng([seed, step, 1])).reasonings
+
+    assert draw(7, 5) == draw(7, 5)
+    assert draw(7, 5) != draw(7, 10) and draw(7, 5) != draw(8, 5)
+
+
+def test_no_reasoning_reports_the_rate_and_keeps_the_ema(tiny_tokenizer, tiny_model, batch):
+    diag = OnlineDiagnostics(config(), 0)
+    diag.run(tiny_model, tiny_tokenizer, batch(), 1)
+    before = diag.state_dict()
+    silent = [dataclasses.replace(t, turns=[dataclasses.replace(u, reasoning_span=(0, 0)) for u in t.turns])
+              for t in batch()]
+    out = diag.run(tiny_model, tiny_tokenizer, silent, 5)
+    assert out == {
+        "collapse_first_turn/valid_thinking_rate": 0.0,
+        "collapse_first_turn/num_pairs": 0.0,
+        "collapse_trajectory/valid_thinking_rate": 0.0,
+        "collapse_trajectory/num_pairs": 0.0,
+    }
+    assert diag.state_dict() == before
+
+
+def test_step_is_the_one_call_per_step(tiny_tokenizer, tiny_model, batch):
+    """Off-schedule steps cost nothing; on-schedule ones return metrics and the alarm's decision."""
+    diag = OnlineDiagnostics(config(compute_freq=2, alarm_patience=1, alarm_margin=0.9, alarm_entropy_band=None), 0)
+    trajectories = batch()
+    off = diag.step(tiny_model, tiny_tokenizer, trajectories, 3)
+    assert off.metrics == {} and off.alarm is None
+    on = diag.step(tiny_model, tiny_tokenizer, trajectories, 2)
+    assert on.metrics["collapse_first_turn/num_pairs"] == 8
+    assert on.alarm is not None and on.alarm.step == 2 and on.alarm.action == "warn"  # margin 0.9: always "at chance"

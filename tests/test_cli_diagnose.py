@@ -1,0 +1,74 @@
+"""`ragen2 diagnose` in a subprocess: a rollout file with a bad line, a tiny saved model, the JSON and PNG."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import ragen2
+from ragen2.cli import main
+from ragen2.models.tiny import build_model, build_tokenizer
+
+REPO = Path(ragen2.__file__).resolve().parents[1]
+CORPUS = [
+    "Turn 1:\nState:\n#_PX_#\nPlayer at (row 1, col 2).",
+    "<think>The box is right of me, so I push it.</think><answer>Right</answer>",
+] * 10
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("model")
+    tokenizer = build_tokenizer(CORPUS, vocab_size=300)
+    model = build_model(tokenizer, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def diagnose(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "ragen2", "diagnose", *args], env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_diagnose_writes_json_and_heatmap(tmp_path, model_dir):
+    rows = [
+        json.dumps({"group": g, "prompt": f"Room {g}: player at (row {g}, col 2).<think>", "episode": 3 * g + k,
+                    "turn": 0, "reasoning": f"I push the box {'right' if k % 2 else 'down'} {g}."})
+        for g in range(3)
+        for k in range(3)
+    ]
+    rows.insert(4, '{"group": 1, "prompt": "Room 1"}')
+    rollouts = tmp_path / "step_5.jsonl"
+    rollouts.write_text("\n".join(rows) + "\n")
+    out = tmp_path / "diag"
+
+    proc = diagnose(str(rollouts), "--model", str(model_dir), "--out", str(out), "--device", "cpu")
+    assert proc.returncode == 0, proc.stderr
+    assert "skipped 1 malformed line (line 5); first: line 5: missing 'reasoning'" in proc.stdout
+    assert "Retrieval-Acc" in proc.stdout and "MI-ZScore" in proc.stdout
+    report = json.loads((out / "diagnose.json").read_text())
+    assert report["records"] == 9 and report["skipped"] == 1 and report["skipped_lines"][0]["line"] == 5
+    assert report["metrics"]["num_inputs"] == 3 and report["metrics"]["num_pairs"] == 9
+    assert 0.0 <= report["metrics"]["retrieval_acc"] <= 1.0
+    assert report["metrics"]["chance_level"] == pytest.approx(1 / 3)
+    assert len(report["logp"]) == 9 and len(report["logp"][0]) == 3
+    assert sorted(report["pair_lines"]) == [1, 2, 3, 4, 6, 7, 8, 9, 10] and report["input_groups"] == ["0", "1", "2"]
+    assert (out / "heatmap.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_diagnose_reports_an_unusable_file(tmp_path, model_dir, capsys):
+    """In-process (the subprocess path is covered above): exit code 2 and the bad lines by number."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"group": 0}\nnot json\n')
+    assert main(["diagnose", str(bad), "--model", str(model_dir), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "line 1: missing 'prompt', 'reasoning'" in err
+    assert "line 2: not valid JSON" in err
+    assert not (tmp_path / "o").exists()
