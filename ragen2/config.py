@@ -118,8 +118,10 @@ class OptimConfig:
     lr: float = _f(1e-4, "Actor learning rate. Reference (3B): 1e-6; the tiny policy needs more.")
     betas: list[float] = _f([0.9, 0.999], "Adam betas.")
     weight_decay: float = _f(0.0, "AdamW weight decay.")
-    warmup_steps: int = _f(0, "Linear learning-rate warm-up steps.")
-    schedule: Literal["constant", "linear", "cosine"] = _f("constant", "Schedule after warm-up.")
+    warmup_steps: int = _f(0, "Linear learning-rate warm-up, in RL steps (the lr is a function of the step).")
+    schedule: Literal["constant", "linear", "cosine"] = _f(
+        "constant", "Schedule after warm-up; linear and cosine decay toward 0 at trainer.total_steps."
+    )
     grad_clip: float = _f(1.0, "Max global gradient norm; 0 disables clipping.")
 
 
@@ -203,9 +205,53 @@ class FilterConfig:
 
 @dataclass
 class GradSNRConfig:
-    enable: bool = _f(False, "Measure task / KL / entropy gradient norms per RV bucket.")
-    freq: int = _f(10, "Probe every N steps.")
-    num_buckets: int = _f(6, "RV quantile buckets. Paper: 6.")
+    enable: bool = _f(
+        False,
+        "Measure task / KL / entropy gradient norms per RV bucket on the unfiltered batch (RAGEN-2 Fig. 3; "
+        "docs/filtering.md). Separate backward passes, no optimizer step.",
+    )
+    freq: int = _f(10, "Probe at every step divisible by N (not step 1: the policy still equals the KL reference).")
+    num_buckets: int = _f(6, "RV quantile buckets of equal group counts, bucket 0 = lowest RV. Paper: 6.")
+    kl_reference: bool = _f(
+        True,
+        "With algo.kl_coef=0 there is no reference policy: true loads the initial policy anyway (one more copy "
+        "of the weights, used only by the probe) so kl_norm is measured; false reports kl_norm as NaN.",
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("freq", "num_buckets"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"grad_snr.{name}={getattr(self, name)} is not allowed: use an integer >= 1")
+
+
+@dataclass
+class EarlyStopConfig:
+    rv_collapse: bool = _f(
+        True,
+        "Stop when rollout/rv_mean stays below rv_fraction x its mean over the first rv_warmup steps for "
+        "rv_patience steps in a row (a guard of the RAGEN-2 reference trainer).",
+    )
+    rv_fraction: float = _f(0.1, "Fraction of the warm-up mean reward variance counted as collapsed. Reference: 0.1.")
+    rv_warmup: int = _f(10, "Steps whose mean rollout/rv_mean is the baseline. Reference: 10.")
+    rv_patience: int = _f(5, "Consecutive collapsed steps before stopping. Reference: 5.")
+    eval_floor: bool = _f(
+        True,
+        "Stop when eval/success_rate stays below eval_success_floor for eval_patience evaluations in a row "
+        "(a guard of the RAGEN-2 reference trainer).",
+    )
+    eval_success_floor: float = _f(0.01, "Held-out success rate counted as failing. Reference: 0.01.")
+    eval_patience: int = _f(5, "Consecutive failing evaluations before stopping. Reference: 5.")
+
+    def __post_init__(self) -> None:
+        for name in ("rv_warmup", "rv_patience", "eval_patience"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"early_stop.{name}={getattr(self, name)} is not allowed: use an integer >= 1")
+        if not 0 < self.rv_fraction <= 1:
+            raise ConfigError(f"early_stop.rv_fraction={self.rv_fraction} is not allowed: use a fraction in (0, 1]")
+        if not 0 <= self.eval_success_floor <= 1:
+            raise ConfigError(
+                f"early_stop.eval_success_floor={self.eval_success_floor} is not allowed: use a rate in [0, 1]"
+            )
 
 
 @dataclass
@@ -228,6 +274,7 @@ class Config:
     collapse: CollapseConfig = field(default_factory=CollapseConfig)
     filter: FilterConfig = field(default_factory=FilterConfig)
     grad_snr: GradSNRConfig = field(default_factory=GradSNRConfig)
+    early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
 
@@ -341,13 +388,34 @@ def _preset_dir() -> Path:
     return Path(str(resources.files("ragen2") / "configs"))
 
 
-def preset_names() -> list[str]:
-    """Presets are `ENV` or `ENV-ALGO` (e.g. `frozenlake-ppo`) plus any file in configs/."""
+# A preset name is ENV, ENV-ALGO or ENV-ALGO-FILTER: one file from each of these folders, in this order.
+_PRESET_PARTS = ("envs", "algos", "filters")
+
+
+def _preset_choices() -> dict[str, list[str]]:
+    """{folder: preset file stems} for the parts of a composed preset name."""
     d = _preset_dir()
-    envs = sorted(p.stem for p in (d / "envs").glob("*.yaml"))
-    algos = sorted(p.stem for p in (d / "algos").glob("*.yaml"))
-    extra = sorted(p.stem for p in d.glob("*.yaml"))
-    return extra + envs + [f"{e}-{a}" for e in envs for a in algos]
+    return {part: sorted(p.stem for p in (d / part).glob("*.yaml")) for part in _PRESET_PARTS}
+
+
+def preset_names() -> list[str]:
+    """Presets are `ENV`, `ENV-ALGO` (e.g. `frozenlake-ppo`) or `ENV-ALGO-FILTER` (e.g.
+    `sokoban-ppo-nofilter`), plus any file in configs/."""
+    choices = _preset_choices()
+    extra = sorted(p.stem for p in _preset_dir().glob("*.yaml"))
+    pairs = [f"{e}-{a}" for e in choices["envs"] for a in choices["algos"]]
+    return extra + choices["envs"] + pairs + [f"{p}-{f}" for p in pairs for f in choices["filters"]]
+
+
+def preset_pattern() -> str:
+    """The preset names in one line (listing all of them would take a page)."""
+    parts = "; ".join(
+        f"{part.removesuffix('s').upper()} one of {', '.join(f'`{c}`' for c in choices)}"
+        for part, choices in _preset_choices().items()
+    )
+    extra = "".join(f"; also `{p.stem}`" for p in sorted(_preset_dir().glob("*.yaml")))
+    names = "`ENV`, `ENV-ALGO` or `ENV-ALGO-FILTER` (e.g. `sokoban-ppo-nofilter`)"
+    return f"{names}, layered in that order, with {parts}{extra}"
 
 
 def _load_yaml(path: Path) -> dict[str, Any]:
@@ -362,18 +430,14 @@ def preset_layers(name: str) -> list[dict[str, Any]]:
     d = _preset_dir()
     if (d / f"{name}.yaml").exists():
         return [_load_yaml(d / f"{name}.yaml")]
-    env, _, algo = name.partition("-")
-    layers = []
-    if (d / "envs" / f"{env}.yaml").exists() and (not algo or (d / "algos" / f"{algo}.yaml").exists()):
-        layers.append(_load_yaml(d / "envs" / f"{env}.yaml"))
-        if algo:
-            layers.append(_load_yaml(d / "algos" / f"{algo}.yaml"))
-        return layers
+    files = [d / part / f"{stem}.yaml" for part, stem in zip(_PRESET_PARTS, name.split("-"))]
+    if len(name.split("-")) <= len(_PRESET_PARTS) and all(f.exists() for f in files):
+        return [_load_yaml(f) for f in files]
     path = Path(name)
     if path.suffix in (".yaml", ".yml") and path.exists():
         return [_load_yaml(path)]
     raise ConfigError(
-        f"unknown preset {name!r}; presets: {', '.join(preset_names())} (or a path to a .yaml file)."
+        f"unknown preset {name!r}; presets: {preset_pattern()} (or a path to a .yaml file)."
         + did_you_mean(name, preset_names())
     )
 
@@ -415,9 +479,22 @@ def validate(config: Config) -> None:
         ("algo.mini_batch_size", a.mini_batch_size),
         ("algo.micro_batch_size", a.micro_batch_size),
         ("trainer.total_steps", config.trainer.total_steps),
+        ("trainer.max_skipped_steps", config.trainer.max_skipped_steps),
     ]:
         if value < 1:
             raise ConfigError(f"{key}={value} must be at least 1")
+    for key, value in [
+        ("trainer.eval_every", config.trainer.eval_every),
+        ("trainer.save_every", config.trainer.save_every),
+        ("optim.warmup_steps", config.optim.warmup_steps),
+    ]:
+        if value < 0:
+            raise ConfigError(f"{key}={value} must be 0 or more (0 turns it off)")
+    if a.name == "dapo" and a.kl_coef > 0:
+        raise ConfigError(
+            f"algo.name=dapo has no KL penalty, but algo.kl_coef={a.kl_coef}; set algo.kl_coef=0, "
+            "or use algo.name=grpo for clip-higher with a KL penalty."
+        )
     if a.name in ("grpo", "drgrpo", "dapo", "rloo") and r.group_size < 2:
         raise ConfigError(
             f"algo.name={a.name} needs rollout.group_size >= 2 (its baseline is the group mean); "
@@ -457,7 +534,7 @@ def config_markdown() -> str:
         "Generated from `ragen2/config.py` (`python -m ragen2.config > docs/config.md`); a test keeps it current.",
         "",
         "Set keys as `key=value` after the preset: `ragen2 train frozenlake-ppo algo.clip_high=0.3`.",
-        f"Presets: {', '.join(f'`{p}`' for p in preset_names())}.",
+        f"Presets: {preset_pattern()}.",
         "",
         "| key | default | meaning |",
         "|---|---|---|",

@@ -72,3 +72,7 @@ def test_diagnose_reports_an_unusable_file(tmp_path, model_dir, capsys):
     assert err.startswith("error: ") and "line 1: missing 'prompt', 'reasoning'" in err
     assert "line 2: not valid JSON" in err
     assert not (tmp_path / "o").exists()
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"group": 0, "prompt": "A<think>", "reasoning": "go"}\n')
+    assert main(["diagnose", str(good), "--model", str(tmp_path / "no-model")]) == 2
+    assert "no-model: no such directory" in capsys.readouterr().err

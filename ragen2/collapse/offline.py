@@ -464,9 +464,14 @@ def load_scoring_model(
     if dtype not in DTYPES:
         raise ConfigError(f"dtype={dtype!r} is not allowed; allowed values: {', '.join(DTYPES)}")
     resolved = resolve_model_path(path)
-    tokenizer = AutoTokenizer.from_pretrained(resolved)
-    model = AutoModelForCausalLM.from_pretrained(resolved, dtype=DTYPES[dtype]).to(resolve_device(device))
-    return model.eval(), tokenizer
+    if not Path(resolved).exists() and resolved.startswith((".", "/", "~")):
+        raise ConfigError(f"--model {path}: no such directory; pass a Hugging Face model directory or hub name")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(resolved)
+        model = AutoModelForCausalLM.from_pretrained(resolved, dtype=DTYPES[dtype])
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"--model {path}: cannot load a causal LM and its tokenizer from there ({e})") from e
+    return model.to(resolve_device(device)).eval(), tokenizer
 
 
 # ----------------------------------------------------------------------------- the command

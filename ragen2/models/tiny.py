@@ -8,13 +8,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 # Qwen-style turn markers; the reasoning tags are single tokens so reasoning spans are exact.
 PAD, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS = [PAD, IM_START, IM_END]
 TAG_TOKENS = ["<think>", "</think>", "<answer>", "</answer>"]
+
+# transformers' Qwen2Tokenizer.PRETOKENIZE_REGEX (GPT-4-style splitting; every digit on its own).
+QWEN2_PRETOKENIZE_REGEX = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
 
 # ChatML, as used by Qwen2/2.5: the same layout a user's real model sees.
 CHAT_TEMPLATE = (
@@ -31,7 +36,17 @@ def build_tokenizer(corpus: Iterable[str], vocab_size: int = 1024) -> PreTrained
     Byte-level means any text (a user's typo, a unicode box symbol) still encodes.
     """
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # Qwen2's pre-tokeniser, exactly: `AutoTokenizer` loads a directory whose model is Qwen2 as
+    # `Qwen2Tokenizer`, which rebuilds this pipeline around the saved vocabulary and merges. With any
+    # other pipeline the reloaded tokenizer would split text (digits above all) differently from the
+    # one the warm start trained with. Qwen2Tokenizer also applies NFC; it is left out here so that
+    # any text round-trips byte for byte, and it changes nothing on NFC text (all environment text).
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(

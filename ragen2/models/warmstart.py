@@ -42,7 +42,7 @@ from ragen2.models.tiny import build_model, build_tokenizer
 log = logging.getLogger(__name__)
 
 # Bump when the demonstrations, the tokenizer or the training change, so old caches are not reused.
-WARMSTART_VERSION = "1"
+WARMSTART_VERSION = "2"
 
 # Seeds at or above this are evaluation seeds; warm-start (and RL training) seeds stay below,
 # so held-out evaluation never sees a room or lake the policy was trained on.

@@ -233,6 +233,22 @@ def test_diagnose_scores_the_file_and_counts_empty_reasoning(tmp_path, tiny_toke
     assert result.lengths[m0] == len(z)
 
 
+def test_trl_log_of_the_same_completions_gives_the_same_proxies(tmp_path, tiny_tokenizer, tiny_model):
+    """Invariance: one batch written as records and as a TRL completion log diagnoses identically."""
+    rooms = ["Room A: box right.", "Room B: box left.", "Room C: no box."]
+    plans = ["push right", "go left then up", "wait here", "push it down"]
+    records, trl = [], []
+    for g, room in enumerate(rooms):
+        for k in range(3):
+            plan = plans[(g + k) % len(plans)]
+            records.append({"group": f"seed-{g}", "prompt": room + "<think>", "reasoning": plan})
+            trl.append({"step": 3, "prompt": room, "completion": f"<think>{plan}</think><answer>Up</answer>"})
+    a = diagnose(read_rollouts(write_jsonl(tmp_path / "records.jsonl", records)), tiny_model, tiny_tokenizer)
+    b = diagnose(read_rollouts(write_jsonl(tmp_path / "trl.jsonl", trl)), tiny_model, tiny_tokenizer)
+    assert b.metrics == pytest.approx(a.metrics, abs=1e-9)
+    assert a.metrics["num_inputs"] == 3 and a.metrics["num_pairs"] == 9
+
+
 def test_diagnose_refuses_a_file_with_only_empty_reasoning(tmp_path, tiny_tokenizer, tiny_model):
     f = read_rollouts(write_jsonl(tmp_path / "r.jsonl", episode(0, 0, "A", ["", " "])))
     with pytest.raises(RolloutFormatError, match="all 1 first_turn turns have empty reasoning"):

@@ -69,3 +69,13 @@ def test_config_doc_is_current():
     assert (ROOT / "docs" / "config.md").read_text() == config_markdown(), (
         "docs/config.md is stale: run `python -m ragen2.config > docs/config.md`"
     )
+
+
+def test_env_algo_filter_presets_layer_in_order():
+    c = load_config("sokoban-ppo-nofilter")
+    assert (c.env.name, c.algo.name, c.filter.strategy, c.filter.include_zero) == ("sokoban", "ppo", "none", True)
+    paper = load_config("frozenlake-grpo-paper", ["filter.value=0.5"])  # overrides still win
+    assert (paper.filter.strategy, paper.filter.value, paper.filter.include_zero) == ("top_p", 0.5, False)
+    assert "sokoban-ppo-nofilter" in preset_names() and "sokoban-nofilter" not in preset_names()
+    with pytest.raises(ConfigError, match="unknown preset 'sokoban-ppo-nofiltr'.*Did you mean: sokoban-ppo-nofilter"):
+        load_config("sokoban-ppo-nofiltr")

@@ -1,0 +1,134 @@
+"""Task vs KL vs entropy gradient norms per reward-variance bucket on the tiny Sokoban setup.
+
+RAGEN-2 (§5, Fig. 3): bucket a batch's prompts into RV quantiles; the task-gradient norm
+should rise with RV while the KL and entropy gradient norms stay flat. This script measures
+it with `ragen2.collapse.grad_snr_probe`, the way the trainer does:
+
+1. Train `--train-steps` GRPO steps with the trainer (algo.kl_coef > 0, so it keeps the
+   initial policy as the frozen KL reference). The policy has to move away from its
+   reference first: at the reference's own weights the k3 KL is flat, value and gradient
+   exactly 0, which is why the trainer never probes step 1.
+2. Resume that run, sample one fresh batch of `--groups` x `--group-size` episodes with the
+   trainer's rollout phase, give every group its GRPO advantages (no filtering: the low-RV
+   groups are the point) and run the probe.
+3. Print a markdown table; `--update-docs PATH` also writes it between the
+   `<!-- grad-snr-table:begin -->` / `<!-- grad-snr-table:end -->` markers of PATH.
+
+    python scripts/grad_snr_table.py [--model tiny] [--groups 24] [--group-size 8] [--train-steps 2]
+    python scripts/grad_snr_table.py --update-docs docs/filtering.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import tempfile
+import time
+from pathlib import Path
+
+from scipy.stats import spearmanr
+
+from ragen2.collapse.grad_snr import grad_snr_probe, group_reward_variance
+from ragen2.config import Config, load_config
+from ragen2.rl import trainer
+
+BEGIN, END = "<!-- grad-snr-table:begin -->", "<!-- grad-snr-table:end -->"
+
+
+def probe_after_training(args: argparse.Namespace, run_dir: Path) -> tuple[dict[str, float], Config]:
+    """Steps 1 and 2 of the module docstring; the probe's metrics and the probing config."""
+    model = [] if args.model == "tiny" else [f"model.path={args.model}"]
+    common = [*model, f"model.device={args.device}", f"trainer.run_dir={run_dir}", f"trainer.seed={args.seed}",
+              f"trainer.total_steps={args.train_steps}", f"algo.kl_coef={args.kl_coef}", "collapse.enable=false",
+              "trainer.eval_every=0", "logging.progress=false", "logging.tensorboard=false"]
+    trainer.train(load_config(args.preset, [*common, f"rollout.num_groups={args.train_groups}"]))
+
+    config = load_config(args.preset, [*common, f"rollout.num_groups={args.groups}",
+                                       f"rollout.group_size={args.group_size}", f"grad_snr.num_buckets={args.buckets}"])
+    run = trainer.setup(config, resume_dir=run_dir)
+    with run.tracker:
+        trajectories, _ = trainer.rollout_phase(run, args.train_steps + 1)
+        batch = trainer.advantage_phase(run, [t for t in trajectories if t.samples])
+        a = config.algo
+        return grad_snr_probe(
+            run.policy, batch, group_reward_variance(trajectories, config.filter.ddof),
+            reference=run.reference, kl_estimator=a.kl_estimator, num_buckets=config.grad_snr.num_buckets,
+            micro_batch_size=a.micro_batch_size, agg=a.loss_agg or trainer.DEFAULT_LOSS_AGG[a.name],
+            kl_coef=a.kl_coef, entropy_coef=a.entropy_coef,
+        ), config
+
+
+def markdown(metrics: dict[str, float], config: Config, args: argparse.Namespace, seconds: float) -> str:
+    """The table and the plain facts it shows (rank correlations with RV, spread of each norm)."""
+    buckets = sorted({int(k.split("/")[1].removeprefix("bucket")) for k in metrics})
+    col = {part: [metrics[f"grad_snr/bucket{b}/{part}"] for b in buckets]
+           for part in ("rv_mean", "num_groups", "task_norm", "kl_norm", "entropy_norm", "kl_norm_scaled",
+                        "entropy_norm_scaled")}
+    a = config.algo
+    lines = [
+        f"Tiny warm-started policy (`--model {args.model}`), {config.env.name}, after {args.train_steps} GRPO "
+        f"steps (P = {args.train_groups}, lr {config.optim.lr:g}, KL reference = the initial policy); probe batch "
+        f"P = {args.groups} groups x G = {args.group_size}, GRPO advantages, aggregation "
+        f"`{a.loss_agg or trainer.DEFAULT_LOSS_AGG[a.name]}`, KL estimator `{a.kl_estimator}`, seed {args.seed}. "
+        f"`python scripts/grad_snr_table.py` ({seconds:.0f} s on the CPU it ran on).",
+        "",
+        f"| RV bucket | mean RV | groups | ‖g_task‖ | ‖g_KL‖ | ‖g_entropy‖ | {a.kl_coef:g}·‖g_KL‖ | "
+        f"{a.entropy_coef:g}·‖g_entropy‖ |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for i, b in enumerate(buckets):
+        lines.append(
+            f"| {b} | {col['rv_mean'][i]:.3f} | {col['num_groups'][i]:.0f} | {col['task_norm'][i]:.4g} | "
+            f"{col['kl_norm'][i]:.4g} | {col['entropy_norm'][i]:.4g} | {col['kl_norm_scaled'][i]:.3g} | "
+            f"{col['entropy_norm_scaled'][i]:.3g} |"
+        )
+    lines.append("")
+    for part, name in (("task_norm", "task"), ("kl_norm", "KL"), ("entropy_norm", "entropy")):
+        values = col[part]
+        rho = spearmanr(col["rv_mean"], values).statistic
+        spread = max(values) / min(values) if min(values) > 0 else float("inf")
+        lines.append(
+            f"- {name} gradient norm: {min(values):.4g} to {max(values):.4g} across buckets (max/min "
+            f"{spread:.3g}); Spearman correlation with the buckets' mean RV {rho:+.2f}."
+        )
+    return "\n".join(lines)
+
+
+def write_into(path: Path, text: str) -> None:
+    doc = path.read_text(encoding="utf-8")
+    if BEGIN not in doc or END not in doc:
+        raise SystemExit(f"{path} has no {BEGIN} ... {END} markers to write the table between")
+    head, rest = doc.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    path.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}", encoding="utf-8")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="tiny", help="Model directory or 'tiny' (the cached warm-started policy).")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--preset", default="sokoban-grpo")
+    p.add_argument("--groups", type=int, default=24, help="P of the probed batch.")
+    p.add_argument("--group-size", type=int, default=8, help="G of the probed batch.")
+    p.add_argument("--buckets", type=int, default=6, help="RV quantile buckets (the paper: 6).")
+    p.add_argument("--train-steps", type=int, default=2, help="Trainer steps before probing (>= 1, see above).")
+    p.add_argument("--train-groups", type=int, default=8, help="P of the training steps.")
+    p.add_argument("--kl-coef", type=float, default=0.001, help="algo.kl_coef of the run (only > 0 matters here).")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--update-docs", default=None, metavar="PATH", help="Also write the table into PATH.")
+    args = p.parse_args()
+    if args.train_steps < 1 or args.kl_coef <= 0:
+        p.error("--train-steps must be >= 1 and --kl-coef > 0, or the KL gradient is exactly 0 (see --help)")
+    logging.basicConfig(level=logging.WARNING)
+
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="grad_snr_table-") as tmp:
+        metrics, config = probe_after_training(args, Path(tmp) / "run")
+    text = markdown(metrics, config, args, time.perf_counter() - start)
+    print(text)
+    if args.update_docs:
+        write_into(Path(args.update_docs), text)
+
+
+if __name__ == "__main__":
+    main()
