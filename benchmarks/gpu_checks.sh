@@ -12,6 +12,8 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available())"
 
+/usr/bin/time -f "warmstart wall %e s" $PY -m ragen2 warmstart   # reused when cached
+
 for dev in cpu cuda; do
   /usr/bin/time -f "eval sokoban $dev wall %e s" $PY -m ragen2 eval tiny --env sokoban --episodes 200 --device $dev --out "$OUT/eval_sokoban_$dev.json" --no-random
 done
