@@ -11,6 +11,13 @@ checkpoint's time is left out of the step time. Step 1 of both runs samples the 
 Runs alternate (filter, no filter, no filter, filter, ...) with `--repeats 2` or more, so a
 change in machine load between runs biases neither side.
 
+Columns, means over the measured steps: `step_s` (whole step), `rollout_s`, `advantage_s`,
+`update_s` (the phases), `kept_ratio` (groups trained on) and `response_tokens_mean`
+(generated tokens per episode: the rollout's work, which differs between the runs after step
+1 because their policies do). Filtering can only shorten advantage and update; how much of
+the step that saves depends on how much of it the update is, which is small where generation
+is slow (a CPU) and large on GPUs with a fast inference engine.
+
     python benchmarks/filter_step_time.py [--model tiny] [--preset sokoban] [--steps 4] [--skip 1]
         [--repeats 1] [--out filter_step_time.json] [overrides ...]
 """
@@ -40,7 +47,7 @@ BENCH_OVERRIDES = [
     "logging.progress=false",
     "logging.tensorboard=false",
 ]
-COLUMNS = ("step_s", "rollout_s", "advantage_s", "update_s", "kept_ratio")
+COLUMNS = ("step_s", "rollout_s", "advantage_s", "update_s", "kept_ratio", "response_tokens_mean")
 
 
 def run_variant(args: argparse.Namespace, variant: str, run_dir: Path) -> list[dict[str, float]]:
@@ -61,6 +68,7 @@ def run_variant(args: argparse.Namespace, variant: str, run_dir: Path) -> list[d
             "update_s": record.get("timing_s/update") or 0.0,
             "kept_ratio": record["filter/kept_ratio"],
             "skipped": record["filter/skipped"],
+            "response_tokens_mean": record["rollout/response_tokens_mean"],  # rollout work, for reading rollout_s
         })
     return rows
 
@@ -86,9 +94,10 @@ def main() -> None:
             order = list(VARIANTS) if repeat % 2 == 0 else list(reversed(VARIANTS))
             for variant in order:
                 rows = run_variant(args, variant, Path(tmp) / f"{variant}-{repeat}")
-                per_step[variant] += [row | {"repeat": repeat} for row in rows if row["step"] > args.skip]
+                per_step[variant] += [row | {"repeat": repeat, "measured": row["step"] > args.skip} for row in rows]
 
-    means = {name: {col: float(np.mean([r[col] for r in rows])) for col in COLUMNS} for name, rows in per_step.items()}
+    measured = {name: [r for r in rows if r["measured"]] for name, rows in per_step.items()}
+    means = {name: {col: float(np.mean([r[col] for r in rows])) for col in COLUMNS} for name, rows in measured.items()}
     ratio = {col: means["filter"][col] / means["nofilter"][col] if means["nofilter"][col] else float("nan")
              for col in COLUMNS}
     config = load_config(args.preset, args.overrides)
@@ -104,7 +113,7 @@ def main() -> None:
         "variants": {name: " ".join(VARIANTS[name]) for name in VARIANTS},
         "mean": means,
         "ratio_filter_over_nofilter": ratio,
-        "skipped_steps": {name: int(sum(r["skipped"] for r in rows)) for name, rows in per_step.items()},
+        "skipped_steps": {name: int(sum(r["skipped"] for r in rows)) for name, rows in measured.items()},
         "per_step": per_step,
     }
 

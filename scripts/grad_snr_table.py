@@ -14,7 +14,7 @@ it with `ragen2.collapse.grad_snr_probe`, the way the trainer does:
 3. Print a markdown table; `--update-docs PATH` also writes it between the
    `<!-- grad-snr-table:begin -->` / `<!-- grad-snr-table:end -->` markers of PATH.
 
-    python scripts/grad_snr_table.py [--model tiny] [--groups 24] [--group-size 8] [--train-steps 2]
+    python scripts/grad_snr_table.py [--model tiny] [--groups 24] [--group-size 8] [--train-steps 2] [overrides ...]
     python scripts/grad_snr_table.py --update-docs docs/filtering.md
 """
 
@@ -40,7 +40,7 @@ def probe_after_training(args: argparse.Namespace, run_dir: Path) -> tuple[dict[
     model = [] if args.model == "tiny" else [f"model.path={args.model}"]
     common = [*model, f"model.device={args.device}", f"trainer.run_dir={run_dir}", f"trainer.seed={args.seed}",
               f"trainer.total_steps={args.train_steps}", f"algo.kl_coef={args.kl_coef}", "collapse.enable=false",
-              "trainer.eval_every=0", "logging.progress=false", "logging.tensorboard=false"]
+              "trainer.eval_every=0", "logging.progress=false", "logging.tensorboard=false", *args.overrides]
     trainer.train(load_config(args.preset, [*common, f"rollout.num_groups={args.train_groups}"]))
 
     config = load_config(args.preset, [*common, f"rollout.num_groups={args.groups}",
@@ -66,11 +66,12 @@ def markdown(metrics: dict[str, float], config: Config, args: argparse.Namespace
                         "entropy_norm_scaled")}
     a = config.algo
     lines = [
-        f"Tiny warm-started policy (`--model {args.model}`), {config.env.name}, after {args.train_steps} GRPO "
+        f"Policy `{Path(args.model).name}`, {config.env.name}, after {args.train_steps} GRPO "
         f"steps (P = {args.train_groups}, lr {config.optim.lr:g}, KL reference = the initial policy); probe batch "
         f"P = {args.groups} groups x G = {args.group_size}, GRPO advantages, aggregation "
-        f"`{a.loss_agg or trainer.DEFAULT_LOSS_AGG[a.name]}`, KL estimator `{a.kl_estimator}`, seed {args.seed}. "
-        f"`python scripts/grad_snr_table.py` ({seconds:.0f} s on the CPU it ran on).",
+        f"`{a.loss_agg or trainer.DEFAULT_LOSS_AGG[a.name]}`, KL estimator `{a.kl_estimator}`, seed {args.seed}"
+        f"{', overrides ' + ' '.join(f'`{o}`' for o in args.overrides) if args.overrides else ''} "
+        f"({seconds:.0f} s on the CPU it ran on).",
         "",
         f"| RV bucket | mean RV | groups | ‖g_task‖ | ‖g_KL‖ | ‖g_entropy‖ | {a.kl_coef:g}·‖g_KL‖ | "
         f"{a.entropy_coef:g}·‖g_entropy‖ |",
@@ -85,11 +86,12 @@ def markdown(metrics: dict[str, float], config: Config, args: argparse.Namespace
     lines.append("")
     for part, name in (("task_norm", "task"), ("kl_norm", "KL"), ("entropy_norm", "entropy")):
         values = col[part]
-        rho = spearmanr(col["rv_mean"], values).statistic
-        spread = max(values) / min(values) if min(values) > 0 else float("inf")
+        spread = f" (max/min {max(values) / min(values):.3g})" if min(values) > 0 else ""
+        varies = len(set(values)) > 1 and len(set(col["rv_mean"])) > 1
+        rho = f"{spearmanr(col['rv_mean'], values).statistic:+.2f}" if varies else "undefined (a constant column)"
         lines.append(
-            f"- {name} gradient norm: {min(values):.4g} to {max(values):.4g} across buckets (max/min "
-            f"{spread:.3g}); Spearman correlation with the buckets' mean RV {rho:+.2f}."
+            f"- {name} gradient norm: {min(values):.4g} to {max(values):.4g} across buckets{spread}; "
+            f"Spearman correlation with the buckets' mean RV {rho}."
         )
     return "\n".join(lines)
 
@@ -116,6 +118,7 @@ def main() -> None:
     p.add_argument("--kl-coef", type=float, default=0.001, help="algo.kl_coef of the run (only > 0 matters here).")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--update-docs", default=None, metavar="PATH", help="Also write the table into PATH.")
+    p.add_argument("overrides", nargs="*", help="Config overrides for training and probing, e.g. rollout.max_turns=3.")
     args = p.parse_args()
     if args.train_steps < 1 or args.kl_coef <= 0:
         p.error("--train-steps must be >= 1 and --kl-coef > 0, or the KL gradient is exactly 0 (see --help)")
