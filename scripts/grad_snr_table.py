@@ -9,8 +9,13 @@ it with `ragen2.collapse.grad_snr_probe`, the way the trainer does:
    reference first: at the reference's own weights the k3 KL is flat, value and gradient
    exactly 0, which is why the trainer never probes step 1.
 2. Resume that run, sample one fresh batch of `--groups` x `--group-size` episodes with the
-   trainer's rollout phase, give every group its GRPO advantages (no filtering: the low-RV
-   groups are the point) and run the probe.
+   trainer's rollout phase, and probe it with the advantages of each of `--estimators`
+   (the trainer's advantage phase on every group: no filtering, the low-RV groups are the
+   point). The KL and entropy terms do not involve advantages and are measured once; the
+   loss aggregation is the preset's for every estimator, so only the advantages differ.
+   The comparison matters: the RV bound holds for A = R - mean(R) (Dr.GRPO, RLOO up to a
+   factor G/(G-1)), while GRPO divides by the group's std, which rescales every group with
+   any variance to unit-size advantages.
 3. Print a markdown table; `--update-docs PATH` also writes it between the
    `<!-- grad-snr-table:begin -->` / `<!-- grad-snr-table:end -->` markers of PATH.
 
@@ -21,6 +26,7 @@ it with `ragen2.collapse.grad_snr_probe`, the way the trainer does:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import tempfile
 import time
@@ -28,15 +34,16 @@ from pathlib import Path
 
 from scipy.stats import spearmanr
 
-from ragen2.collapse.grad_snr import grad_snr_probe, group_reward_variance
+from ragen2.collapse.grad_snr import TERMS, grad_snr_probe, group_reward_variance
 from ragen2.config import Config, load_config
 from ragen2.rl import trainer
 
 BEGIN, END = "<!-- grad-snr-table:begin -->", "<!-- grad-snr-table:end -->"
+ESTIMATORS = ("grpo", "drgrpo", "rloo")  # outcome advantages: no critic needed
 
 
-def probe_after_training(args: argparse.Namespace, run_dir: Path) -> tuple[dict[str, float], Config]:
-    """Steps 1 and 2 of the module docstring; the probe's metrics and the probing config."""
+def probe_after_training(args: argparse.Namespace, run_dir: Path) -> tuple[dict[str, dict[str, float]], Config]:
+    """Steps 1 and 2 of the module docstring: {estimator: probe metrics}, and the probing config."""
     model = [] if args.model == "tiny" else [f"model.path={args.model}"]
     common = [*model, f"model.device={args.device}", f"trainer.run_dir={run_dir}", f"trainer.seed={args.seed}",
               f"trainer.total_steps={args.train_steps}", f"algo.kl_coef={args.kl_coef}", "collapse.enable=false",
@@ -45,54 +52,58 @@ def probe_after_training(args: argparse.Namespace, run_dir: Path) -> tuple[dict[
 
     config = load_config(args.preset, [*common, f"rollout.num_groups={args.groups}",
                                        f"rollout.group_size={args.group_size}", f"grad_snr.num_buckets={args.buckets}"])
+    a = config.algo
     run = trainer.setup(config, resume_dir=run_dir)
+    results = {}
     with run.tracker:
         trajectories, _ = trainer.rollout_phase(run, args.train_steps + 1)
-        batch = trainer.advantage_phase(run, [t for t in trajectories if t.samples])
-        a = config.algo
-        return grad_snr_probe(
-            run.policy, batch, group_reward_variance(trajectories, config.filter.ddof),
-            reference=run.reference, kl_estimator=a.kl_estimator, num_buckets=config.grad_snr.num_buckets,
-            micro_batch_size=a.micro_batch_size, agg=a.loss_agg or trainer.DEFAULT_LOSS_AGG[a.name],
-            kl_coef=a.kl_coef, entropy_coef=a.entropy_coef,
-        ), config
+        present = [t for t in trajectories if t.samples]
+        group_rv = group_reward_variance(trajectories, config.filter.ddof)
+        for i, estimator in enumerate(args.estimators):
+            run.config = dataclasses.replace(config, algo=dataclasses.replace(a, name=estimator))
+            batch = trainer.advantage_phase(run, present)
+            results[estimator] = grad_snr_probe(
+                run.policy, batch, group_rv, reference=run.reference, kl_estimator=a.kl_estimator,
+                num_buckets=config.grad_snr.num_buckets, micro_batch_size=a.micro_batch_size, agg=_agg(config),
+                kl_coef=a.kl_coef, entropy_coef=a.entropy_coef, terms=TERMS if i == 0 else ("task",),
+            )
+    return results, config
 
 
-def markdown(metrics: dict[str, float], config: Config, args: argparse.Namespace, seconds: float) -> str:
+def markdown(results: dict[str, dict[str, float]], config: Config, args: argparse.Namespace, seconds: float) -> str:
     """The table and the plain facts it shows (rank correlations with RV, spread of each norm)."""
-    buckets = sorted({int(k.split("/")[1].removeprefix("bucket")) for k in metrics})
-    col = {part: [metrics[f"grad_snr/bucket{b}/{part}"] for b in buckets]
-           for part in ("rv_mean", "num_groups", "task_norm", "kl_norm", "entropy_norm", "kl_norm_scaled",
-                        "entropy_norm_scaled")}
+    first = results[args.estimators[0]]
+    buckets = sorted({int(k.split("/")[1].removeprefix("bucket")) for k in first})
+
+    def column(metrics: dict[str, float], part: str) -> list[float]:
+        return [metrics[f"grad_snr/bucket{b}/{part}"] for b in buckets]
+
+    rv = column(first, "rv_mean")
+    norms = {f"‖g_task‖ {name}": column(m, "task_norm") for name, m in results.items()}
+    norms |= {"‖g_KL‖": column(first, "kl_norm"), "‖g_entropy‖": column(first, "entropy_norm")}
     a = config.algo
+    scaled = {f"{a.kl_coef:g}·‖g_KL‖": column(first, "kl_norm_scaled"),
+              f"{a.entropy_coef:g}·‖g_entropy‖": column(first, "entropy_norm_scaled")}
+    overrides = f", overrides {' '.join(f'`{o}`' for o in args.overrides)}" if args.overrides else ""
     lines = [
-        f"Policy `{Path(args.model).name}`, {config.env.name}, after {args.train_steps} GRPO "
-        f"steps (P = {args.train_groups}, lr {config.optim.lr:g}, KL reference = the initial policy); probe batch "
-        f"P = {args.groups} groups x G = {args.group_size}, GRPO advantages, aggregation "
-        f"`{a.loss_agg or trainer.DEFAULT_LOSS_AGG[a.name]}`, KL estimator `{a.kl_estimator}`, seed {args.seed}"
-        f"{', overrides ' + ' '.join(f'`{o}`' for o in args.overrides) if args.overrides else ''} "
-        f"({seconds:.0f} s on the CPU it ran on).",
+        f"Policy `{Path(args.model).name}`, {config.env.name}, after {args.train_steps} GRPO step(s) (P = "
+        f"{args.train_groups}, lr {config.optim.lr:g}; KL reference = the initial policy); probe batch P = "
+        f"{args.groups} groups x G = {args.group_size}, aggregation `{_agg(config)}`, KL estimator "
+        f"`{a.kl_estimator}`, seed {args.seed}{overrides} ({seconds:.0f} s on the CPU it ran on).",
         "",
-        f"| RV bucket | mean RV | groups | ‖g_task‖ | ‖g_KL‖ | ‖g_entropy‖ | {a.kl_coef:g}·‖g_KL‖ | "
-        f"{a.entropy_coef:g}·‖g_entropy‖ |",
-        "|---|---|---|---|---|---|---|---|",
+        "| RV bucket | mean RV | groups | " + " | ".join([*norms, *scaled]) + " |",
+        "|---" * (3 + len(norms) + len(scaled)) + "|",
     ]
     for i, b in enumerate(buckets):
-        lines.append(
-            f"| {b} | {col['rv_mean'][i]:.3f} | {col['num_groups'][i]:.0f} | {col['task_norm'][i]:.4g} | "
-            f"{col['kl_norm'][i]:.4g} | {col['entropy_norm'][i]:.4g} | {col['kl_norm_scaled'][i]:.3g} | "
-            f"{col['entropy_norm_scaled'][i]:.3g} |"
-        )
+        cells = [f"{values[i]:.4g}" for values in norms.values()] + [f"{values[i]:.3g}" for values in scaled.values()]
+        lines.append(f"| {b} | {rv[i]:.3g} | {column(first, 'num_groups')[i]:.0f} | " + " | ".join(cells) + " |")
     lines.append("")
-    for part, name in (("task_norm", "task"), ("kl_norm", "KL"), ("entropy_norm", "entropy")):
-        values = col[part]
+    for name, values in norms.items():
         spread = f" (max/min {max(values) / min(values):.3g})" if min(values) > 0 else ""
-        varies = len(set(values)) > 1 and len(set(col["rv_mean"])) > 1
-        rho = f"{spearmanr(col['rv_mean'], values).statistic:+.2f}" if varies else "undefined (a constant column)"
-        lines.append(
-            f"- {name} gradient norm: {min(values):.4g} to {max(values):.4g} across buckets{spread}; "
-            f"Spearman correlation with the buckets' mean RV {rho}."
-        )
+        varies = len(set(values)) > 1 and len(set(rv)) > 1
+        rho = f"{spearmanr(rv, values).statistic:+.2f}" if varies else "undefined (a constant column)"
+        lines.append(f"- {name}: {min(values):.4g} to {max(values):.4g} across buckets{spread}; Spearman "
+                     f"correlation with the buckets' mean RV {rho}.")
     return "\n".join(lines)
 
 
@@ -105,11 +116,17 @@ def write_into(path: Path, text: str) -> None:
     path.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}", encoding="utf-8")
 
 
+def _agg(config: Config) -> str:
+    return config.algo.loss_agg or trainer.DEFAULT_LOSS_AGG[config.algo.name]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="tiny", help="Model directory or 'tiny' (the cached warm-started policy).")
     p.add_argument("--device", default="auto")
-    p.add_argument("--preset", default="sokoban-grpo")
+    p.add_argument("--preset", default="sokoban-grpo", help="Preset of the training run (and the probe's aggregation).")
+    p.add_argument("--estimators", nargs="+", default=["grpo", "drgrpo"], choices=ESTIMATORS,
+                   help="Advantage estimators to probe the batch with (KL and entropy are measured once).")
     p.add_argument("--groups", type=int, default=24, help="P of the probed batch.")
     p.add_argument("--group-size", type=int, default=8, help="G of the probed batch.")
     p.add_argument("--buckets", type=int, default=6, help="RV quantile buckets (the paper: 6).")
@@ -126,8 +143,8 @@ def main() -> None:
 
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="grad_snr_table-") as tmp:
-        metrics, config = probe_after_training(args, Path(tmp) / "run")
-    text = markdown(metrics, config, args, time.perf_counter() - start)
+        results, config = probe_after_training(args, Path(tmp) / "run")
+    text = markdown(results, config, args, time.perf_counter() - start)
     print(text)
     if args.update_docs:
         write_into(Path(args.update_docs), text)

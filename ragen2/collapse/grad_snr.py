@@ -92,6 +92,7 @@ def grad_snr_probe(
     norm_tokens: float | None = None,
     kl_coef: float | None = None,
     entropy_coef: float | None = None,
+    terms: Sequence[str] = TERMS,
 ) -> dict[str, float]:
     """Per-bucket L2 norms of the task, KL and entropy gradients of `policy` on `batch`.
 
@@ -109,14 +110,19 @@ def grad_snr_probe(
                does not depend on it.
     kl_coef, entropy_coef: when given, the norms multiplied by them are reported too,
                i.e. the size of each term's contribution to the actual update.
+    terms:     which of "task", "kl", "entropy" to measure; the others' keys are left out
+               (e.g. only "task" to compare advantage estimators on one batch).
 
     Returns, for each bucket i (0 = lowest RV), `grad_snr/bucket{i}/` + `rv_mean`,
-    `num_groups`, `task_norm`, `kl_norm`, `entropy_norm` (+ `kl_norm_scaled`,
-    `entropy_norm_scaled`). Norms are over the parameters that require grad (the LoRA
+    `num_groups` and `{term}_norm` for each measured term (+ `kl_norm_scaled`,
+    `entropy_norm_scaled` with the coefficients). Norms are over the parameters that require grad (the LoRA
     adapters under LoRA). The policy's weights and `.grad` are unchanged afterwards.
     """
-    if batch.advantages is None:
-        raise ValueError("grad_snr_probe() needs batch.advantages; compute them before probing.")
+    unknown = [term for term in terms if term not in TERMS]
+    if unknown:
+        raise ValueError(f"unknown terms {unknown}; choose from {', '.join(TERMS)}.")
+    if batch.advantages is None and "task" in terms:
+        raise ValueError("grad_snr_probe() needs batch.advantages for the task term; compute them before probing.")
     present = sorted(set(batch.group_ids.tolist()))
     missing = [group for group in present if group not in group_rv]
     if missing:
@@ -132,7 +138,7 @@ def grad_snr_probe(
                 prefix = f"grad_snr/bucket{i}/"
                 metrics[prefix + "rv_mean"] = float(np.mean([group_rv[g] for g in groups]))
                 metrics[prefix + "num_groups"] = float(len(groups))
-                for term in TERMS:
+                for term in terms:
                     if term == "kl" and reference is None:
                         norm = float("nan")
                     else:
@@ -140,9 +146,9 @@ def grad_snr_probe(
                             policy, params, bucket, term, reference, kl_estimator, micro_batch_size, agg, norm_tokens
                         )
                     metrics[prefix + f"{term}_norm"] = norm
-                if kl_coef is not None:
+                if kl_coef is not None and "kl" in terms:
                     metrics[prefix + "kl_norm_scaled"] = kl_coef * metrics[prefix + "kl_norm"]
-                if entropy_coef is not None:
+                if entropy_coef is not None and "entropy" in terms:
                     metrics[prefix + "entropy_norm_scaled"] = entropy_coef * metrics[prefix + "entropy_norm"]
     finally:
         for p, grad in zip(params, saved):

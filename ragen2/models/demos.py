@@ -2,10 +2,20 @@
 
 Each oracle looks at a live environment and writes this turn's response the way the policy
 is asked to: `reasoning</think><answer>A1 || A2</answer>` (the prompt already ends with
-`<think>`). The reasoning states facts of the current state (positions, the push or the hole
-that decides the move) and the answer is the start of a shortest solution, so the warm-started
-policy's reasoning depends on its input from the first RL step (DESIGN §5): the diagnostics
-then watch a policy that can collapse, not one that never reasoned.
+`<think>`). The reasoning restates the state's coordinates and names what decides the move
+(the push to make, the direction of the goal, the hole to avoid); the answer is the start of
+a shortest solution. The warm-started policy's reasoning therefore depends on its input from
+the first RL step (DESIGN §5): the diagnostics watch a policy that can collapse, not one
+that never reasoned.
+
+Two choices make the demonstrations learnable by a model of a few hundred thousand
+parameters within minutes:
+- The reasoning opens with the observation's coordinates line, verbatim. Copying it is the
+  first thing the model learns; after that every decision depends on numbers at fixed
+  places in its own reasoning rather than on reading the grid.
+- Among equally short solutions the oracle takes the one that prefers moves in the order
+  Up, Down, Left, Right (`PRIORITY`), so where walls and holes allow, the moves follow from
+  the stated cells by one fixed rule ("rows first") instead of a solver's tie-breaking.
 
 Bandit is the exception on purpose: its oracle picks an arm uniformly at random, so the warm
 start leaves the choice near 50/50 and RL has the high-EV arm left to discover.
@@ -13,10 +23,12 @@ start leaves the choice near 50/50 and RL has the high-EV arm left to discover.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 import numpy as np
+from transformers import PreTrainedTokenizerBase
 
 from ragen2 import envs
 from ragen2.agent.conversation import Conversation
@@ -24,14 +36,62 @@ from ragen2.agent.parsing import ACTION_SEPARATOR, ANSWER_CLOSE, ANSWER_OPEN, TH
 from ragen2.envs.bandit import BanditEnv
 from ragen2.envs.base import TextEnv
 from ragen2.envs.frozenlake import FrozenLakeEnv
-from ragen2.envs.sokoban import MOVES, SokobanEnv
+from ragen2.envs.sokoban import MOVES, Room, SokobanEnv
 from ragen2.errors import ConfigError
 
 Cell = tuple[int, int]  # (row, col), as the environments use
 
+# Tie-break among equally short solutions: rows before columns.
+PRIORITY = ("Up", "Down", "Left", "Right")
+
+
+def canonical_path(
+    start: Hashable, step: Callable[[Hashable, str], Hashable | None], is_goal: Callable[[Hashable], bool]
+) -> list[str] | None:
+    """The shortest action list from `start` that takes the first optimal action in PRIORITY order at every state.
+
+    `step(state, action)` returns the next state, or None when the action must not be taken
+    (it ends the episode in failure); an action that leaves the state unchanged is ignored.
+    Explores every reachable state once, then walks back distances from the goal states:
+    small rooms and lakes have a few hundred states.
+    """
+    edges: dict[Hashable, list[tuple[str, Hashable]]] = {}
+    order, seen = [start], {start}
+    for state in order:  # breadth-first; `order` grows while it is walked
+        edges[state] = []
+        if is_goal(state):
+            continue  # the episode ends here
+        for action in PRIORITY:
+            nxt = step(state, action)
+            if nxt is None or nxt == state:
+                continue
+            edges[state].append((action, nxt))
+            if nxt not in seen:
+                seen.add(nxt)
+                order.append(nxt)
+    parents: dict[Hashable, list[Hashable]] = {s: [] for s in order}
+    for state, outs in edges.items():
+        for _, nxt in outs:
+            parents[nxt].append(state)
+    dist = {s: 0 for s in order if is_goal(s)}
+    queue = deque(dist)
+    while queue:
+        state = queue.popleft()
+        for parent in parents[state]:
+            if parent not in dist:
+                dist[parent] = dist[state] + 1
+                queue.append(parent)
+    if start not in dist:
+        return None
+    path, state = [], start
+    while dist[state] > 0:
+        action, state = next((a, s) for a, s in edges[state] if dist.get(s) == dist[state] - 1)
+        path.append(action)
+    return path
+
 
 def _fmt(cell: Cell) -> str:
-    """A cell in the observations' own words, so the model copies rather than translates."""
+    """A cell in the observations' own words."""
     return f"(row {cell[0]}, col {cell[1]})"
 
 
@@ -44,66 +104,87 @@ def _response(reasoning: str, actions: list[str]) -> str:
     return f"{reasoning}{THINK_CLOSE}{ANSWER_OPEN}{f' {ACTION_SEPARATOR} '.join(actions)}{ANSWER_CLOSE}"
 
 
-def _solution(env: TextEnv) -> list[str]:
-    solution = env.solve()
-    if not solution:
+def _require(path: list[str] | None, env: TextEnv) -> list[str]:
+    if not path:
         raise ValueError(f"{type(env).__name__} has no solution from its current state; demonstrations need a solvable state")
-    return solution
+    return path
+
+
+def sokoban_plan(env: SokobanEnv) -> list[str] | None:
+    """The canonical shortest solution from the env's current state (see `canonical_path`)."""
+    room = Room(env.dim_room, frozenset(env.walls), frozenset(env.targets), frozenset(env.boxes), env.player)
+    return canonical_path(
+        (room.player, room.boxes),
+        lambda state, action: room.move(*state, MOVES[action]),
+        lambda state: state[1] <= room.targets,
+    )
 
 
 def sokoban_demo(env: SokobanEnv, max_actions: int, rng: np.random.Generator) -> str:
-    """Restate the positions, then the push that the shortest solution makes next.
+    """Restate the positions, then name the push that the solution makes next.
 
     E.g. `Player at (row 2, col 2); box at (row 3, col 3); target at (row 4, col 3). Push it
-    Down from (row 2, col 3).` The first sentence repeats the observation's coordinates line
-    (for one box, verbatim): a copy a small model learns early, after which the push and
-    the moves depend only on numbers at fixed places in its own reasoning. The push cell is
-    the box's far side, so both the walk there and the push follow from the stated cells.
+    Down from (row 2, col 3).` The first sentence is the observation's coordinates line (for
+    one box, verbatim). The push cell is the box's far side, so both the walk there and the
+    push follow from the stated cells.
     """
-    solution = _solution(env)
+    plan = _require(sokoban_plan(env), env)
     player, boxes = env.player, set(env.boxes)
-    for move in solution:  # the solver never wastes a move on a wall, so every step walks or pushes
+    for move in plan:  # a shortest plan never bumps into a wall, so every step walks or pushes
         nxt = _shift(player, move)
         if nxt in boxes:
             box, push = nxt, move
             break
         player = nxt
-    else:  # unreachable: a solution of a Sokoban room pushes at least once
-        raise AssertionError(f"solution {solution} never pushes a box")
+    else:  # unreachable: a Sokoban solution pushes at least once
+        raise AssertionError(f"plan {plan} never pushes a box")
     target = min(env.targets, key=lambda t: (abs(t[0] - box[0]) + abs(t[1] - box[1]), t))
     reasoning = (
         f"Player at {_fmt(env.player)}; box at {_fmt(box)}; target at {_fmt(target)}. "
         f"Push it {push} from {_fmt(_shift(box, push, -1))}."
     )
-    return _response(reasoning, solution[:max_actions])
+    return _response(reasoning, plan[:max_actions])
+
+
+def frozenlake_plan(env: FrozenLakeEnv) -> list[str] | None:
+    """The canonical shortest hole-free path from the player to the goal (see `canonical_path`)."""
+    holes, size = set(env.holes), env.size
+
+    def step(cell: Cell, action: str) -> Cell | None:
+        nxt = _shift(cell, action)
+        if not (0 <= nxt[0] < size and 0 <= nxt[1] < size):
+            return cell
+        return None if nxt in holes else nxt
+
+    return canonical_path(env.player, step, lambda cell: cell == env.goal)
 
 
 def frozenlake_demo(env: FrozenLakeEnv, max_actions: int, rng: np.random.Generator) -> str:
-    """Restate the positions, say where the goal lies and which hole, if any, the next moves steer around.
+    """Restate the positions, say where the goal lies and which hole, if any, turns the path.
 
-    A hole is "in the way" when a move toward the goal from a cell on this turn's path would
-    fall into it: the reason the shortest path turns where it does. The first sentence is
-    the observation's coordinates line, verbatim (see `sokoban_demo`).
+    E.g. `Player at (row 3, col 0); goal at (row 1, col 2). The goal is up and right. I avoid
+    the hole at (row 2, col 0).` A hole is named when, on this turn's moves, the first move
+    toward the goal in PRIORITY order would fall into it: the reason the path turns.
     """
-    solution = _solution(env)
+    plan = _require(frozenlake_plan(env), env)
     goal, holes, cell = env.goal, set(env.holes), env.player
     vertical = "down" if goal[0] > cell[0] else "up" if goal[0] < cell[0] else ""
     horizontal = "right" if goal[1] > cell[1] else "left" if goal[1] < cell[1] else ""
     direction = " and ".join(d for d in (vertical, horizontal) if d)
+
+    def distance(c: Cell) -> int:
+        return abs(goal[0] - c[0]) + abs(goal[1] - c[1])
+
     in_the_way = None
-    for move in solution[:max_actions]:
-        toward = [
-            _shift(cell, m) for m in MOVES
-            if abs(goal[0] - _shift(cell, m)[0]) + abs(goal[1] - _shift(cell, m)[1])
-            < abs(goal[0] - cell[0]) + abs(goal[1] - cell[1])
-        ]
-        in_the_way = next((h for h in toward if h in holes), None)
-        if in_the_way is not None:
+    for move in plan[:max_actions]:
+        greedy = next(_shift(cell, m) for m in PRIORITY if distance(_shift(cell, m)) < distance(cell))
+        if greedy in holes:
+            in_the_way = greedy
             break
         cell = _shift(cell, move)
     avoid = f"I avoid the hole at {_fmt(in_the_way)}." if in_the_way else "No hole is in the way."
     reasoning = f"Player at {_fmt(env.player)}; goal at {_fmt(goal)}. The goal is {direction}. {avoid}"
-    return _response(reasoning, solution[:max_actions])
+    return _response(reasoning, plan[:max_actions])
 
 
 def bandit_demo(env: BanditEnv, max_actions: int, rng: np.random.Generator) -> str:
@@ -150,7 +231,7 @@ class DemoEpisode:
     turns: list[DemoTurn] = field(default_factory=list)
     success: bool = False
 
-    def conversation(self, tokenizer, context_turns: int | None = None) -> Conversation:
+    def conversation(self, tokenizer: PreTrainedTokenizerBase, context_turns: int | None = None) -> Conversation:
         """The episode in the agent layer's token layout, exactly as a rollout of it would be stored."""
         conv = Conversation(tokenizer, self.system_prompt, context_turns)
         for turn in self.turns:
@@ -164,7 +245,7 @@ def play_demo(
 ) -> DemoEpisode:
     """Play one episode with the oracle, following the rollout loop's rules.
 
-    Same as `ragen2.agent.rollout`: the budget shown starts at `env.max_actions` and falls by
+    As in `ragen2.agent.rollout`: the budget shown starts at `env.max_actions` and falls by
     one per executed action; the episode ends on termination, truncation or after `max_turns`.
     """
     env = envs.make(env_name, **env_kwargs)

@@ -130,9 +130,21 @@ def test_probe_refuses_a_batch_it_cannot_bucket(setup):
     policy, _, batch, rv = setup
     with pytest.raises(ValueError, match=r"no reward variance for the batch's groups \[5\]"):
         grad_snr_probe(policy, batch, {g: v for g, v in rv.items() if g != 5})
+    with pytest.raises(ValueError, match="unknown terms"):
+        grad_snr_probe(policy, batch, rv, terms=("task", "value"))
     batch.advantages = None
-    with pytest.raises(ValueError, match="needs batch.advantages"):
+    with pytest.raises(ValueError, match="needs batch.advantages for the task term"):
         grad_snr_probe(policy, batch, rv)
+
+
+def test_terms_selects_what_is_measured(setup):
+    policy, reference, batch, rv = setup
+    full = grad_snr_probe(policy, batch, rv, reference=reference, num_buckets=2, kl_coef=0.1)
+    task_only = grad_snr_probe(policy, batch, rv, reference=reference, num_buckets=2, kl_coef=0.1, terms=("task",))
+    assert sorted(k.split("/")[-1] for k in task_only if k.startswith("grad_snr/bucket0/")) == [
+        "num_groups", "rv_mean", "task_norm"
+    ]
+    assert all(full[key] == pytest.approx(value) for key, value in task_only.items())
 
 
 def test_probe_on_the_trainers_own_batch(tiny_tokenizer, tiny_model, tmp_path, one_thread):

@@ -9,7 +9,7 @@ from ragen2.agent.parsing import parse_response
 from ragen2.envs import make
 from ragen2.envs.sokoban import SokobanEnv
 from ragen2.errors import ConfigError
-from ragen2.models.demos import demo_response, play_demo
+from ragen2.models.demos import canonical_path, demo_response, frozenlake_plan, play_demo, sokoban_plan
 
 SEEDS = range(30)
 
@@ -56,6 +56,33 @@ def test_reasoning_differs_across_inputs_and_states_the_current_position(env_nam
         else:  # the reasoning opens with the observation's coordinates line
             assert reasoning.startswith(obs.splitlines()[-1].rstrip(".")), (reasoning, obs)
     assert len(set(first)) >= 0.8 * len(first), first
+
+
+def grid_step(size: int, holes: set[tuple[int, int]]):
+    moves = {"Up": (-1, 0), "Down": (1, 0), "Left": (0, -1), "Right": (0, 1)}
+
+    def step(cell, action):
+        nxt = (cell[0] + moves[action][0], cell[1] + moves[action][1])
+        if not (0 <= nxt[0] < size and 0 <= nxt[1] < size):
+            return cell
+        return None if nxt in holes else nxt
+
+    return step
+
+
+def test_canonical_path_takes_rows_first_and_turns_only_where_a_hole_forces_it():
+    goal = (2, 2)
+    assert canonical_path((0, 0), grid_step(3, set()), lambda c: c == goal) == ["Down", "Down", "Right", "Right"]
+    assert canonical_path((0, 0), grid_step(3, {(1, 0)}), lambda c: c == goal) == ["Right", "Down", "Down", "Right"]
+    assert canonical_path((0, 0), grid_step(3, {(1, 0), (1, 1), (1, 2)}), lambda c: c == goal) is None
+
+
+@pytest.mark.parametrize(("env_name", "plan"), [("sokoban", sokoban_plan), ("frozenlake", frozenlake_plan)])
+def test_canonical_plans_are_as_short_as_the_env_solver(env_name, plan):
+    for seed in range(100):
+        env = make(env_name)
+        env.reset(seed=seed)
+        assert len(plan(env)) == len(env.solve()), seed
 
 
 def test_sokoban_known_room_names_box_target_push_and_the_shortest_moves():
