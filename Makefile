@@ -10,9 +10,12 @@ $(BIN)/ragen2: pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	touch $(BIN)/ragen2
 
-.PHONY: demo test
+.PHONY: demo test test-learning
 demo: $(BIN)/ragen2
 	$(BIN)/ragen2 train
 
 test: $(BIN)/ragen2
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not learning"
+
+test-learning: $(BIN)/ragen2
+	$(BIN)/python -m pytest -q -m learning

@@ -497,15 +497,15 @@ def reading(metrics: dict[str, float]) -> str:
     """One line on what the numbers say, for people who do not read MI estimates every day.
 
     Retrieval-Acc counts as at chance within two standard errors of a chance-level hit rate over
-    M pairs (and at least the alarm's default margin, 0.05): few pairs are noisy.
+    M pairs: with few pairs, a few lucky hits are expected.
     """
     acc, chance, m = metrics["retrieval_acc"], metrics["chance_level"], metrics["num_pairs"]
     if chance >= 1.0:
         return "only one distinct input: retrieval and MI are trivial; use --scheme trajectory or pairs"
-    noise = max(0.05, 2 * math.sqrt(chance * (1 - chance) / m))
+    noise = 2 * math.sqrt(chance * (1 - chance) / m)
     if acc <= chance + noise:
-        return (f"Retrieval-Acc is within {noise:.2f} of chance ({m:.0f} pairs): the reasoning does not "
-                "identify its input (template collapse, or inputs the model cannot tell apart)")
+        return (f"Retrieval-Acc is within sampling noise of chance (2 s.e. = {noise:.2f} at {m:.0f} pairs): the "
+                "reasoning does not identify its input (template collapse, or inputs the model cannot tell apart)")
     return f"Retrieval-Acc is {acc / chance:.1f}x chance, beyond sampling noise: the reasoning depends on its input"
 
 

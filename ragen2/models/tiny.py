@@ -30,10 +30,13 @@ CHAT_TEMPLATE = (
 )
 
 
-def build_tokenizer(corpus: Iterable[str], vocab_size: int = 1024) -> PreTrainedTokenizerFast:
+def build_tokenizer(corpus: Iterable[str], vocab_size: int = 1024, phrases: Iterable[str] = ()) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE tokenizer on `corpus` and give it a ChatML chat template.
 
     Byte-level means any text (a user's typo, a unicode box symbol) still encodes.
+    `phrases` become single tokens wherever they occur (the warm start passes the grid
+    cells, `(row 2, col 3)`, so that a small model copies and compares a position as one
+    token instead of nine).
     """
     tok = Tokenizer(models.BPE())
     # Qwen2's pre-tokeniser, exactly: `AutoTokenizer` loads a directory whose model is Qwen2 as
@@ -57,7 +60,7 @@ def build_tokenizer(corpus: Iterable[str], vocab_size: int = 1024) -> PreTrained
     )
     tok.train_from_iterator(corpus, trainer=trainer)
     # Ordinary (non-special) tokens: decoding keeps them, so parsed text round-trips.
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TAG_TOKENS])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in [*TAG_TOKENS, *phrases]])
     hf = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token=IM_END,

@@ -21,6 +21,7 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -49,6 +50,9 @@ WARMSTART_VERSION = "2"
 EVAL_SEED_OFFSET = 1_000_000
 
 INFO_FILE = "warmstart.json"
+
+# How the environments name a grid cell; every cell named in the demonstrations becomes one token.
+CELL_PATTERN = re.compile(r"\(row \d+, col \d+\)")
 
 
 @dataclass(frozen=True)
@@ -182,7 +186,7 @@ def _build(config: WarmStartConfig, out: Path) -> None:
     demos = make_demos(config, rng)
     log.info("warm start: %d demonstration episodes in %.1fs", len(demos), time.perf_counter() - start)
 
-    tokenizer = build_tokenizer(_corpus(demos), vocab_size=config.vocab_size)
+    tokenizer = demo_tokenizer(demos, config.vocab_size)
     samples = [s for ep in demos for s in ep.conversation(tokenizer).samples()]
     lengths = [len(ids) for ids, _ in samples]
     log.info(
@@ -230,6 +234,13 @@ def make_demos(config: WarmStartConfig, rng: np.random.Generator) -> list[DemoEp
             play_demo(name, kwargs, int(s), config.max_turns, config.max_actions_per_turn, rng) for s in seeds
         ]
     return demos
+
+
+def demo_tokenizer(demos: list[DemoEpisode], vocab_size: int) -> PreTrainedTokenizerBase:
+    """The tiny policy's tokenizer: BPE trained on the demonstrations, each grid cell one token."""
+    corpus = _corpus(demos)
+    cells = sorted({cell for text in corpus for cell in CELL_PATTERN.findall(text)})
+    return build_tokenizer(corpus, vocab_size=vocab_size, phrases=cells)
 
 
 def _corpus(demos: list[DemoEpisode]) -> list[str]:
@@ -283,10 +294,10 @@ def sft(
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
         optimizer.step()
         losses.append(loss.item())
-        if step % 50 == 0 or step == config.steps - 1:
+        if (step + 1) % 100 == 0 or step == config.steps - 1:
             log.info(
-                "warm start: step %d/%d loss %.4f lr %.2e (%.0fs)",
-                step + 1, config.steps, losses[-1], _lr_at(step, config), time.perf_counter() - start,
+                "warm start: step %d/%d loss %.4f (mean of the last 100) lr %.2e (%.0fs)",
+                step + 1, config.steps, np.mean(losses[-100:]), _lr_at(step, config), time.perf_counter() - start,
             )
     model.eval()
     return losses

@@ -4,10 +4,10 @@ RAGEN-2's reference trainer stops a run in two situations (SPEC §6):
 
 - **reward-variance collapse**: the batch's mean reward variance (`rollout/rv_mean`) stays
   below `fraction` (10%) of its mean over the first `warmup` (10) steps for `patience` (5)
-  consecutive steps. With group-relative advantages the task gradient of a group scales
-  with sqrt(RV), so once nearly every group's rollouts return the same reward there is
-  nothing left to learn from, and what remains of the update is the input-agnostic
-  regularisers that drive template collapse.
+  consecutive steps. With A = R - mean(R) the task gradient of a group is bounded by
+  sqrt(RV), and under any group baseline it is 0 at RV = 0, so once nearly every group's
+  rollouts return the same reward there is nothing left to learn from, and what remains of
+  the update is the input-agnostic regularisers that drive template collapse.
 - **validation floor**: held-out success (`eval/success_rate`) stays below `floor` (1%) for
   `patience` (5) consecutive evaluations: the run is not learning the task at all.
 

@@ -46,6 +46,18 @@ def test_saved_policy_loads_with_auto_classes_and_has_a_chat_template(built):
     assert info["settings"]["steps"] == TINY["steps"] and np.isfinite(info["sft_loss_final"])
 
 
+def test_saved_tokenizer_encodes_exactly_like_the_one_the_warm_start_trained_with(built):
+    config = ws.WarmStartConfig(seed=0, **TINY)
+    demos = ws.make_demos(config, np.random.default_rng(config.seed))
+    trained = ws.demo_tokenizer(demos, config.vocab_size)
+    saved = AutoTokenizer.from_pretrained(built)
+    for episode in demos:
+        assert episode.conversation(saved).samples() == episode.conversation(trained).samples()
+    assert saved.convert_ids_to_tokens(saved.encode("at (row 2, col 3);", add_special_tokens=False))[-2:] == [
+        "(row 2, col 3)", ";"
+    ]
+
+
 def test_same_seed_gives_identical_weights_and_another_seed_does_not(built, tmp_path):
     again = weights(ws.warmstart(tmp_path / "again", seed=0, **TINY))
     other = weights(ws.warmstart(tmp_path / "other", seed=1, **TINY))
