@@ -36,6 +36,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ragen2.agent.conversation import user_message
 from ragen2.agent.parsing import TAGS
+from ragen2.envs import EVAL_SEED_OFFSET  # demonstrations stay on training seeds, below it
 from ragen2.errors import ConfigError, did_you_mean
 from ragen2.models.demos import DemoEpisode, play_demo
 from ragen2.models.tiny import build_model, build_tokenizer
@@ -44,10 +45,6 @@ log = logging.getLogger(__name__)
 
 # Bump when the demonstrations, the tokenizer or the training change, so old caches are not reused.
 WARMSTART_VERSION = "2"
-
-# Seeds at or above this are evaluation seeds; warm-start (and RL training) seeds stay below,
-# so held-out evaluation never sees a room or lake the policy was trained on.
-EVAL_SEED_OFFSET = 1_000_000
 
 INFO_FILE = "warmstart.json"
 
