@@ -28,12 +28,8 @@ WARMSTART = dict(num_layers=2, batch_tokens=1024, lr=5e-3, warmup_steps=20)
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    """The tiny model runs fastest single-threaded, and runs are then reproducible across machines."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def _single_thread(one_thread):
+    """Every test here runs on one thread (see conftest.one_thread)."""
 
 
 @pytest.fixture(scope="module")

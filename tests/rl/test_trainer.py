@@ -27,12 +27,8 @@ CORPUS = [
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    """A model this small runs fastest on one thread, and the tests then do not fight for cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def _single_thread(one_thread):
+    """Every test here runs on one thread (see conftest.one_thread)."""
 
 
 @pytest.fixture(scope="module")
