@@ -115,7 +115,11 @@ def grpo_advantages(
         _, sq_sum = _group_sums(centered**2, group_ids)
         std = torch.sqrt(sq_sum / (size - 1).clamp_min(1.0))
         centered = centered / (std + eps)
-    return torch.where(size > 1, centered, 0.0)
+    # Exactly 0 for a group whose returns are all equal: the float mean of equal values can
+    # round away from them (8 x -1.3), which would push the whole group one way.
+    same_group = group_ids[:, None] == group_ids[None, :]  # [B, B]
+    varies = ((returns[:, None] != returns[None, :]) & same_group).any(dim=1)  # [B]
+    return torch.where((size > 1) & varies, centered, 0.0)
 
 
 def drgrpo_advantages(returns: Tensor, group_ids: Tensor) -> Tensor:

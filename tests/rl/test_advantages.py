@@ -355,3 +355,11 @@ def test_token_estimators_accept_float32_and_keep_dtype() -> None:
 def test_gae_rejects_mismatched_shapes() -> None:
     with pytest.raises(ValueError, match="shape mismatch"):
         gae_advantages(torch.zeros(2, 3), torch.zeros(2, 4), torch.ones(2, 3))
+
+
+def test_equal_returns_give_exactly_zero_even_when_the_mean_rounds():
+    """8 x -1.3 has a float mean that is not -1.3; the advantages must still be exactly 0."""
+    returns = torch.full((8,), -1.3)
+    group_ids = torch.zeros(8, dtype=torch.long)
+    assert torch.equal(grpo_advantages(returns, group_ids), torch.zeros(8))
+    assert torch.equal(drgrpo_advantages(returns, group_ids), torch.zeros(8))
