@@ -151,9 +151,16 @@ def warmstart(out_dir: str | Path | None = None, seed: int = 0, force: bool = Fa
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         _build(config, tmp)
-        if out.exists():
+        if force and out.exists():
             shutil.rmtree(out)
-        os.rename(tmp, out)
+        try:
+            os.rename(tmp, out)  # atomic; fails when `out` is a non-empty directory
+        except OSError:
+            if _stored_key(out) != config.key():
+                raise
+            log.info("warm start: another process saved %s first; using it", out)
+            shutil.rmtree(tmp)
+            return out
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -263,9 +270,9 @@ def sft(
 ) -> list[float]:
     """Supervised fine-tuning on the mask-1 tokens of `samples`; returns the loss of every step.
 
-    The loss is the mean cross-entropy over the response tokens of the batch; prompt and
-    environment tokens only condition it. Batches group sequences of similar length, so
-    little compute goes to padding; their order is reshuffled every epoch from `rng`.
+    Batches hold sequences with the same opening (one environment's system prompt) and similar
+    length, so little compute goes to padding and the shared prefix is computed once per
+    batch (see `batch_loss`); their order is reshuffled every epoch from `rng`.
     """
     torch.manual_seed(config.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=config.weight_decay)
@@ -276,16 +283,9 @@ def sft(
     for step in range(config.steps):
         if not batches:
             batches = _length_buckets(samples, config.batch_tokens, rng)
-        batch = [samples[i] for i in batches.pop()]
-        ids, mask, attention = _pad(batch, tokenizer.pad_token_id)  # [B, T] each
         for group in optimizer.param_groups:
             group["lr"] = _lr_at(step, config)
-        hidden = model.base_model(input_ids=ids, attention_mask=attention).last_hidden_state  # [B, T, H]
-        # Position t predicts token t+1; only response tokens are scored, so only their
-        # positions go through the output layer (most of a sequence is prompt).
-        scored = mask[:, 1:].bool()  # [B, T-1]
-        logits = model.get_output_embeddings()(hidden[:, :-1][scored])  # [N, V]
-        loss = F.cross_entropy(logits, ids[:, 1:][scored])
+        loss = batch_loss(model, [samples[i] for i in batches.pop()], tokenizer.pad_token_id)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
@@ -300,19 +300,69 @@ def sft(
     return losses
 
 
+def batch_loss(model: PreTrainedModel, batch: list[tuple[list[int], list[int]]], pad_id: int) -> torch.Tensor:
+    """Mean cross-entropy over the mask-1 tokens of `batch`, with its common prefix computed once.
+
+    Equal to one forward pass over the right-padded batch (a test checks loss and gradients):
+    the prefix that every sequence shares and that holds no scored token (in the warm start:
+    the system prompt, about half of every sequence) runs once, its key/value cache is
+    repeated across the batch, and only the rest of each sequence runs per row. Gradients
+    flow back through the repeated cache into the prefix.
+    """
+    first_scored = min(seq_mask.index(1) for _, seq_mask in batch)
+    shared = _common_prefix_length([seq for seq, _ in batch])
+    # Token t is predicted at position t-1, so the prefix ends before the first scored token's predecessor.
+    p = min(shared, first_scored - 1)
+    ids, mask, attention = _pad([(seq[p:], seq_mask[p:]) for seq, seq_mask in batch], pad_id)  # [B, T-p] each
+    cache = None
+    if p > 0:
+        cache = model.base_model(input_ids=torch.tensor([batch[0][0][:p]]), use_cache=True).cache
+        cache.batch_repeat_interleave(len(batch))  # [1, ...] -> [B, ...] per layer
+        attention = torch.cat([torch.ones(len(batch), p, dtype=attention.dtype), attention], dim=1)  # [B, T]
+    hidden = model.base_model(input_ids=ids, attention_mask=attention, cache=cache).last_hidden_state
+    # hidden: [B, T-p, H]. Position t predicts token t+1; only scored positions go through the
+    # output layer, since most of a sequence is prompt.
+    scored = mask[:, 1:].bool()  # [B, T-p-1]
+    logits = model.get_output_embeddings()(hidden[:, :-1][scored])  # [N, V]
+    return F.cross_entropy(logits, ids[:, 1:][scored])
+
+
+def _common_prefix_length(seqs: list[list[int]]) -> int:
+    n = min(len(s) for s in seqs)
+    for i in range(n):
+        if any(s[i] != seqs[0][i] for s in seqs):
+            return i
+    return n
+
+
 def _length_buckets(samples: list[tuple[list[int], list[int]]], batch_tokens: int, rng: np.random.Generator) -> list[list[int]]:
-    """One epoch of batches: indices sorted by length (ties broken at random), cut at `batch_tokens` padded tokens, shuffled."""
+    """One epoch of batches of `batch_tokens` padded tokens at most, in random order.
+
+    Samples are grouped by their first tokens (which system prompt they open with), then
+    sorted by length with ties broken at random, and cut into batches within each group.
+    """
+    openings: dict[tuple[int, ...], int] = {}
+    for ids, _ in samples:
+        openings.setdefault(tuple(ids[:_OPENING_TOKENS]), len(openings))
     tiebreak = rng.permutation(len(samples))
-    order = sorted(range(len(samples)), key=lambda i: (len(samples[i][0]), tiebreak[i]))
+    order = sorted(
+        range(len(samples)),
+        key=lambda i: (openings[tuple(samples[i][0][:_OPENING_TOKENS])], len(samples[i][0]), tiebreak[i]),
+    )
     batches, current = [], []
     for i in order:
-        # `order` is ascending, so the newest sample sets the padded width of the batch.
-        if current and (len(current) + 1) * len(samples[i][0]) > batch_tokens:
+        # Within a group `order` is ascending, so the newest sample sets the padded width of the batch.
+        new_group = current and samples[i][0][:_OPENING_TOKENS] != samples[current[0]][0][:_OPENING_TOKENS]
+        if current and (new_group or (len(current) + 1) * len(samples[i][0]) > batch_tokens):
             batches.append(current)
             current = []
         current.append(i)
     batches.append(current)
     return [batches[j] for j in rng.permutation(len(batches))]
+
+
+# Tokens that identify a sample's system prompt, for grouping; a wrong guess costs speed, not correctness.
+_OPENING_TOKENS = 32
 
 
 def _pad(batch: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

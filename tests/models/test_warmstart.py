@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ragen2.agent import GenerationOutput, RolloutConfig, rollout
@@ -96,6 +97,21 @@ def test_interrupted_warm_start_leaves_no_directory(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_concurrent_build_that_finishes_first_is_kept(tmp_path, monkeypatch):
+    out = tmp_path / "policy"
+    build = ws._build
+
+    def racing_build(config, tmp):
+        build(config, tmp)
+        out.mkdir()
+        build(config, out)  # another process saves the same warm start meanwhile
+
+    monkeypatch.setattr(ws, "_build", racing_build)
+    assert ws.warmstart(out, seed=0, **TINY) == out
+    assert [p.name for p in tmp_path.iterdir()] == ["policy"]
+    assert json.loads((out / ws.INFO_FILE).read_text())["key"] == ws.WarmStartConfig(seed=0, **TINY).key()
+
+
 def test_directory_with_other_content_is_refused_and_unknown_settings_name_the_fix(built, tmp_path):
     with pytest.raises(ConfigError, match="does not hold a warm start with these settings"):
         ws.warmstart(built, seed=0, **{**TINY, "steps": 5})
@@ -107,6 +123,31 @@ def test_sft_loss_falls(tmp_path):
     path = ws.warmstart(tmp_path / "p", seed=0, **{**TINY, "steps": 20, "lr": 1e-2})
     info = json.loads((path / ws.INFO_FILE).read_text())
     assert info["sft_loss_final"] < 0.7 * info["sft_loss_initial"], info
+
+
+def test_batch_loss_with_a_shared_prefix_equals_a_plain_forward_pass(built):
+    """The prefix-cached loss (fast) against one padded forward over whole sequences (reference)."""
+    config = ws.WarmStartConfig(seed=0, **TINY)
+    tokenizer = AutoTokenizer.from_pretrained(built)
+    model = AutoModelForCausalLM.from_pretrained(built)
+    samples = [s for ep in ws.make_demos(config, np.random.default_rng(0)) for s in ep.conversation(tokenizer).samples()]
+    batches = ws._length_buckets(samples, 4096, np.random.default_rng(0))
+    assert all(len({tuple(samples[i][0][:20]) for i in b}) == 1 for b in batches)  # one system prompt per batch
+    for indices in batches[:4]:
+        batch = [samples[i] for i in indices]
+        model.zero_grad()
+        fast = ws.batch_loss(model, batch, tokenizer.pad_token_id)
+        fast.backward()
+        fast_grads = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+        ids, mask, attention = ws._pad(batch, tokenizer.pad_token_id)
+        logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]
+        scored = mask[:, 1:].bool()
+        reference = F.cross_entropy(logits[scored], ids[:, 1:][scored])
+        reference.backward()
+        assert torch.allclose(fast, reference, atol=1e-5)
+        for p, g in zip(model.parameters(), fast_grads):
+            assert torch.allclose(p.grad, g, atol=1e-6)
 
 
 class ScriptedBackend:
