@@ -5,10 +5,16 @@ One step is a list of named, timed phases (each logged as `timing_s/<phase>`):
     rollout    play P groups x G episodes with the current policy (ragen2.agent.rollout)
     diagnose   MI proxies of template collapse on the whole batch (ragen2.collapse.online)
     filter     keep the groups whose returns vary most (ragen2.filtering, RAGEN-2 §6)
+    grad_snr   every `grad_snr.freq` steps when enabled: task / KL / entropy gradient
+               norms per reward-variance bucket, no optimizer step (ragen2.collapse.grad_snr)
     advantage  advantages of the kept groups only, so group baselines stay intact
     update     clipped policy-gradient epochs over mini-batches (+ the critic for PPO)
     evaluate   held-out episodes every `trainer.eval_every` steps and at the end
     checkpoint every `trainer.save_every` steps and at the end (ragen2.rl.checkpoint)
+
+After the update and after an evaluation the early-stop guards (`early_stop.*`,
+ragen2.rl.guards) read the step's metrics; one that fires ends the run after this step,
+with a checkpoint and an `early_stop` event.
 
 Reproducibility: all randomness of a step is drawn from seeds derived from
 (`trainer.seed`, step): the environment seeds, torch's sampling RNG before the rollout and
@@ -42,6 +48,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ragen2.agent import HFBackend, RolloutStats, Trajectory, group_seeds, rollout, summarize
 from ragen2.collapse.alarm import AlarmDecision
+from ragen2.collapse.grad_snr import grad_snr_probe, group_reward_variance
 from ragen2.collapse.online import OnlineDiagnostics
 from ragen2.config import Config, save_config, to_dict
 from ragen2.envs import EVAL_SEED_OFFSET
@@ -61,6 +68,7 @@ from ragen2.rl.advantages import (
 from ragen2.rl.batch import Batch, build_batch
 from ragen2.rl.checkpoint import load_checkpoint, mark_latest, save_checkpoint, set_rng_state
 from ragen2.rl.critic import critic_values, load_critic
+from ragen2.rl.guards import EarlyStopGuards
 from ragen2.rl.losses import aggregate, entropy_from_logits, kl_penalty, policy_loss, token_logprobs, value_loss
 from ragen2.tracking import Progress, Tracker, read_metrics
 
@@ -99,7 +107,8 @@ class Run:
     diagnostics: OnlineDiagnostics
     critic: PreTrainedModel | None = None  # PPO only
     critic_optimizer: torch.optim.Optimizer | None = None
-    reference: PreTrainedModel | None = None  # frozen initial policy, only when algo.kl_coef > 0
+    reference: PreTrainedModel | None = None  # frozen initial policy: for algo.kl_coef > 0 or the grad-SNR probe
+    guards: EarlyStopGuards | None = None  # early_stop.*; None only for a Run built by hand
     step: int = 0  # last completed (logged) step
     saved_step: int = 0  # step of the newest checkpoint marked latest
     skipped_in_a_row: int = 0  # consecutive steps where filtering kept nothing
@@ -122,6 +131,8 @@ def train(config: Config, resume_dir: Path | None = None) -> str:
             if run.step == 0 and config.trainer.eval_every > 0:
                 initial_evaluation(run)
             for step in range(run.step + 1, total + 1):
+                if run.stop_reason:
+                    break
                 metrics = training_step(run, step, interrupts)
                 progress.update(
                     step,
@@ -130,9 +141,8 @@ def train(config: Config, resume_dir: Path | None = None) -> str:
                     entropy=metrics.get("train/entropy"),
                     eval_success=metrics.get("eval/success_rate"),
                 )
-                if run.stop_reason:
-                    log.warning("stopping at step %d: %s", step, run.stop_reason)
-                    break
+            if run.stop_reason:
+                log.warning("stopped after step %d: %s", run.step, run.stop_reason)
         except KeyboardInterrupt:
             on_interrupt(run)
             raise
@@ -151,6 +161,9 @@ def training_step(run: Run, step: int, interrupts: _Interrupts) -> dict[str, flo
     with timer("filter"):
         kept, filter_metrics = filter_phase(run, trajectories)
     metrics |= filter_metrics
+    if run.config.grad_snr.enable and step > 1 and step % run.config.grad_snr.freq == 0:  # step 1: policy = reference
+        with timer("grad_snr"):
+            metrics |= grad_snr_phase(run, trajectories)
     with interrupts.deferred():  # the weights change from here on: finish the step before stopping
         run.clean = False
         if kept:
@@ -163,11 +176,13 @@ def training_step(run: Run, step: int, interrupts: _Interrupts) -> dict[str, flo
                 metrics |= update_phase(run, batch, step, scale)
         else:
             skip_step(run, step, metrics)
+        check_guards(run, step, metrics)
         last = step == cfg.total_steps or run.stop_reason is not None
         if cfg.eval_every > 0 and (step % cfg.eval_every == 0 or last):
             with timer("evaluate"):
                 metrics |= evaluate_phase(run, step)
-        save = last or (cfg.save_every > 0 and step % cfg.save_every == 0)
+            check_guards(run, step, metrics)
+        save = last or run.stop_reason is not None or (cfg.save_every > 0 and step % cfg.save_every == 0)
         if save:
             with timer("checkpoint"):
                 checkpoint_phase(run, step)
@@ -249,6 +264,29 @@ def advantage_phase(run: Run, kept: list[Trajectory]) -> Batch:
         advantages = broadcast_to_tokens(per_trajectory[batch.traj_index], batch.mask)  # [B, T-1]
     batch.advantages = a.task_advantage_scale * advantages
     return batch
+
+
+def grad_snr_phase(run: Run, trajectories: list[Trajectory]) -> dict[str, float]:
+    """Gradient norms of the task, KL and entropy terms per RV bucket, on the *unfiltered* batch.
+
+    The low-RV groups the filter drops are the point of the probe (SPEC §6): there the task
+    gradient vanishes while the regularisers' does not. No optimizer step is taken.
+    """
+    cfg = run.config
+    batch = advantage_phase(run, [t for t in trajectories if t.samples])
+    return grad_snr_probe(
+        run.policy,
+        batch,
+        group_reward_variance(trajectories, cfg.filter.ddof),
+        reference=run.reference,
+        kl_estimator=cfg.algo.kl_estimator,
+        num_buckets=cfg.grad_snr.num_buckets,
+        micro_batch_size=cfg.algo.micro_batch_size,
+        agg=_loss_agg(cfg),
+        norm_tokens=_norm_tokens(cfg),
+        kl_coef=cfg.algo.kl_coef,
+        entropy_coef=cfg.algo.entropy_coef,
+    )
 
 
 def update_phase(run: Run, batch: Batch, step: int, scale: float) -> dict[str, float]:
@@ -362,6 +400,7 @@ def checkpoint_phase(run: Run, step: int) -> None:
         "critic_optimizer": run.critic_optimizer.state_dict() if run.critic_optimizer else None,
         "skipped_in_a_row": run.skipped_in_a_row,
         "diagnostics": run.diagnostics.state_dict(),
+        "guards": run.guards.state_dict(),
     }
     save_checkpoint(run.run_dir, step, run.policy, run.tokenizer, run.config, state, run.critic)
 
@@ -372,6 +411,14 @@ def collapse_alarm(run: Run, alarm: AlarmDecision) -> None:
     run.tracker.log_event("collapse_alarm", alarm.message, alarm.step, **alarm.data)
     if alarm.stop:
         run.stop_reason = f"template-collapse alarm (collapse.alarm=stop): {alarm.message}"
+
+
+def check_guards(run: Run, step: int, metrics: dict[str, float]) -> None:
+    """Feed the step's metrics to the early-stop guards; the first one to fire ends the run after this step."""
+    reason = run.guards.update(step, metrics)
+    if reason and run.stop_reason is None:
+        run.stop_reason = reason
+        run.tracker.log_event("early_stop", reason, step)
 
 
 def skip_step(run: Run, step: int, metrics: dict[str, float]) -> None:
@@ -398,6 +445,7 @@ def initial_evaluation(run: Run) -> None:
     start = time.perf_counter()
     metrics = evaluate_phase(run, 0)
     run.tracker.log(0, metrics | {"timing_s/evaluate": time.perf_counter() - start})
+    check_guards(run, 0, metrics)
 
 
 def on_interrupt(run: Run) -> None:
@@ -441,7 +489,8 @@ def setup(config: Config, resume_dir: Path | None = None) -> Run:
         critic = load_critic(str(source or resolve_model_path(config.model.path)), device, config.model.dtype,
                              fresh_head=source is None)
         critic.train()
-    reference = _reference_policy(config, policy, device) if config.algo.kl_coef > 0 else None
+    probe_kl = config.grad_snr.enable and config.grad_snr.kl_reference
+    reference = _reference_policy(config, policy, device) if config.algo.kl_coef > 0 or probe_kl else None
     o = config.optim
     optimizer = torch.optim.AdamW(
         [p for p in policy.parameters() if p.requires_grad], lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay
@@ -457,7 +506,7 @@ def setup(config: Config, resume_dir: Path | None = None) -> Run:
     )
     diagnostics = OnlineDiagnostics(config.collapse, config.trainer.seed)
     run = Run(config, run_dir, device, policy, tokenizer, optimizer, tracker, diagnostics, critic, critic_optimizer,
-              reference)
+              reference, EarlyStopGuards(config.early_stop))
     if checkpoint is not None:
         _restore(run, checkpoint)
     return run
@@ -542,6 +591,7 @@ def _restore(run: Run, checkpoint) -> None:
             run.critic_optimizer.load_state_dict(state["critic_optimizer"])
         set_rng_state(state["rng"])
         run.diagnostics.load_state_dict(state["diagnostics"])
+        run.guards.load_state_dict(state.get("guards", {}))
     except (KeyError, ValueError, TypeError, RuntimeError) as e:
         raise CheckpointError(
             f"checkpoint {checkpoint.path}: its trainer state does not fit this run ({type(e).__name__}: {e})"

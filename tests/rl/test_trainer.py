@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 from ragen2.agent.types import Trajectory, Turn
 from ragen2.config import Config, load_config
@@ -302,3 +304,56 @@ def test_lora_trains_only_the_adapters_and_round_trips(policy_dir, tmp_path):
     for name, p in _parameters(resumed.policy).items():
         torch.testing.assert_close(p, _parameters(run.policy)[name])
     resumed.tracker.close()
+
+
+def test_grad_snr_probe_runs_in_training_without_changing_the_update(policy_dir, tmp_path):
+    """With the probe on, step 2 logs per-bucket norms (KL against the loaded reference), and the
+    weights after training equal those of the same run without the probe."""
+    common = ("trainer.total_steps=2", "filter.include_zero=true", "filter.strategy=none", "rollout.num_groups=3")
+    probed = tmp_path / "probed"
+    trainer.train(tiny_config(policy_dir, probed, *common, "grad_snr.enable=true", "grad_snr.freq=1",
+                              "grad_snr.num_buckets=3"))
+    records = read_metrics(probed)
+    assert not any(k.startswith("grad_snr/") for k in records[0])  # step 1: the policy is its reference
+    step2 = records[1]
+    assert step2["timing_s/grad_snr"] > 0
+    assert sum(step2[f"grad_snr/bucket{i}/num_groups"] for i in range(3)) == 3
+    rv = [step2[f"grad_snr/bucket{i}/rv_mean"] for i in range(3)]
+    assert rv == sorted(rv)
+    for i in range(3):
+        for term in ("task", "kl", "entropy"):
+            assert math.isfinite(step2[f"grad_snr/bucket{i}/{term}_norm"]), (i, term)
+        assert step2[f"grad_snr/bucket{i}/entropy_norm"] > 0
+        if rv[i] == 0:  # GRPO: equal returns give zero advantage, so no task gradient
+            assert step2[f"grad_snr/bucket{i}/task_norm"] == 0
+    plain = tmp_path / "plain"
+    trainer.train(tiny_config(policy_dir, plain, *common))
+    weights = [AutoModelForCausalLM.from_pretrained(d / "checkpoints" / "step_2").state_dict() for d in (probed, plain)]
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
+def test_validation_floor_guard_stops_the_run_with_a_checkpoint(policy_dir, tmp_path):
+    """The untrained policy never succeeds: with a floor of 1.0 and patience 2, the second evaluation stops the run."""
+    run_dir = tmp_path / "run"
+    config = tiny_config(policy_dir, run_dir, "trainer.total_steps=6", "trainer.eval_every=2",
+                         "filter.include_zero=true", "filter.strategy=none",
+                         "early_stop.eval_success_floor=1.0", "early_stop.eval_patience=2")
+    summary = trainer.train(config)
+    assert [r["step"] for r in read_metrics(run_dir)] == [0, 1, 2]  # evaluations at steps 0 and 2
+    events = [e for e in read_events(run_dir) if e["kind"] == "early_stop"]
+    assert len(events) == 1 and "validation floor" in events[0]["message"] and events[0]["step"] == 2
+    assert "early_stop.eval_floor=false" in events[0]["message"]
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_2"
+    assert "stopped early" in summary
+
+
+def test_guard_state_survives_a_resume(policy_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    overrides = ("trainer.eval_every=1", "trainer.save_every=1", "filter.include_zero=true", "filter.strategy=none",
+                 "early_stop.eval_success_floor=1.0", "early_stop.eval_patience=4")
+    trainer.train(tiny_config(policy_dir, run_dir, *overrides, "trainer.total_steps=2"))
+    assert not [e for e in read_events(run_dir) if e["kind"] == "early_stop"]
+    # Evaluations at steps 0, 1, 2 are below the floor; the fourth (step 3) fires only if the count was restored.
+    trainer.train(tiny_config(policy_dir, run_dir, *overrides, "trainer.total_steps=6"), resume_dir=run_dir)
+    assert [r["step"] for r in read_metrics(run_dir)][-1] == 3
+    assert [e["step"] for e in read_events(run_dir) if e["kind"] == "early_stop"] == [3]
