@@ -36,11 +36,12 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ragen2.agent.types import Trajectory
 from ragen2.filtering import group_scores
-from ragen2.rl.batch import Batch
+from ragen2.rl.batch import Batch, response_logits
 from ragen2.rl.losses import aggregate, entropy_from_logits, kl_penalty, policy_loss, token_logprobs
 
 __all__ = ["TERMS", "grad_snr_probe", "group_reward_variance", "rv_buckets"]
@@ -178,18 +179,18 @@ def _term_grad_norm(
         p.grad = None
     for rows in torch.arange(len(bucket), device=bucket.mask.device).split(micro_batch_size):
         mb = bucket.select(rows)
-        logits = policy(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1]  # [b, t-1, V]
+        logits, start = response_logits(policy, mb)  # [b, t-1-start, V]
         if term == "entropy":
-            loss = aggregate(entropy_from_logits(logits), mb.mask, agg, norm_tokens, **counts)
+            loss = aggregate(F.pad(entropy_from_logits(logits), (start, 0)), mb.mask, agg, norm_tokens, **counts)
         else:
-            logp = token_logprobs(logits, mb.targets)  # [b, t-1]
+            logp = F.pad(token_logprobs(logits, mb.targets[:, start:]), (start, 0))  # [b, t-1]
             if term == "task":
                 loss, _ = policy_loss(logp, logp.detach(), mb.advantages, mb.mask, agg=agg,
                                       norm_tokens=norm_tokens, **counts)
             else:
                 with torch.no_grad():
-                    ref_logits = reference(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1]
-                    ref_logp = token_logprobs(ref_logits, mb.targets)  # [b, t-1]
+                    ref_logits, _ = response_logits(reference, mb)
+                    ref_logp = F.pad(token_logprobs(ref_logits, mb.targets[:, start:]), (start, 0))  # [b, t-1]
                 loss = aggregate(kl_penalty(logp, ref_logp, kl_estimator), mb.mask, agg, norm_tokens, **counts)
         loss.backward()
     norm = _global_norm([p.grad for p in params if p.grad is not None])

@@ -113,3 +113,19 @@ def build_batch(trajectories: list[Trajectory], pad_id: int) -> Batch:
         group_ids=torch.tensor([traj.group_id for *_, traj in rows], dtype=torch.long),
         traj_index=torch.tensor([i for _, _, i, _ in rows], dtype=torch.long),
     )
+
+
+def response_logits(model: torch.nn.Module, batch: Batch) -> tuple[Tensor, int]:
+    """Logits that predict `batch.targets[:, start:]`, [B, T-1-start, V], and `start`.
+
+    `start` is the first column any row's loss mask covers: the columns before it predict
+    prompt tokens only. Prompts are most of a multi-turn sequence, so leaving those columns
+    out of the output layer (Hugging Face's `logits_to_keep`) and out of the full-vocabulary
+    softmaxes after it saves most of that work. Callers pad per-token results back to T-1
+    columns with `F.pad(x, (start, 0))`.
+    """
+    covered = batch.mask.any(dim=0).nonzero()
+    start = int(covered[0]) if len(covered) else 0
+    keep = batch.input_ids.shape[1] - start
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, logits_to_keep=keep).logits
+    return logits[:, :-1], start

@@ -43,6 +43,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 import yaml
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -65,7 +66,7 @@ from ragen2.rl.advantages import (
     reinforce_pp_advantages,
     rloo_advantages,
 )
-from ragen2.rl.batch import Batch, build_batch
+from ragen2.rl.batch import Batch, build_batch, response_logits
 from ragen2.rl.checkpoint import load_checkpoint, mark_latest, save_checkpoint, set_rng_state
 from ragen2.rl.critic import critic_values, load_critic
 from ragen2.rl.guards import EarlyStopGuards
@@ -296,8 +297,12 @@ def update_phase(run: Run, batch: Batch, step: int, scale: float) -> dict[str, f
     means over the optimizer steps, and the count of steps skipped for a non-finite value.
     """
     a, cfg = run.config.algo, run.config
-    with torch.no_grad():  # the policy before this update: the denominator of the PPO ratio
-        batch.old_logp = _in_micro_batches(lambda mb: _logprobs(run.policy, mb), batch, a.micro_batch_size)
+    with torch.no_grad():
+        # The policy before this update, the denominator of the PPO ratio. With one epoch of one
+        # mini-batch nothing has changed when the loss is computed, so `policy_step` uses its
+        # own log-probs, detached, and this forward pass is saved.
+        if a.ppo_epochs > 1 or len(batch) > a.mini_batch_size:
+            batch.old_logp = _in_micro_batches(lambda mb: _logprobs(run.policy, mb), batch, a.micro_batch_size)
         if a.kl_coef > 0:
             batch.ref_logp = _in_micro_batches(lambda mb: _logprobs(run.reference, mb), batch, a.micro_batch_size)
     factor = lr_factor(step, cfg.optim.warmup_steps, cfg.optim.schedule, cfg.trainer.total_steps)
@@ -341,12 +346,13 @@ def policy_step(run: Run, mini: Batch, scale: float) -> dict[str, float]:
     run.optimizer.zero_grad(set_to_none=True)
     for rows in torch.arange(len(mini), device=run.device).split(a.micro_batch_size):
         mb = mini.select(rows)
-        logits = run.policy(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1]  # [b, t-1, V]
-        logp = token_logprobs(logits, mb.targets)  # [b, t-1]
+        logits, start = response_logits(run.policy, mb)  # [b, t-1-start, V]
+        logp = F.pad(token_logprobs(logits, mb.targets[:, start:]), (start, 0))  # [b, t-1]
         # Full-vocabulary entropy [b, t-1]; without a bonus it is only logged, so no graph is kept for it.
-        entropy = entropy_from_logits(logits if a.entropy_coef else logits.detach())
+        entropy = F.pad(entropy_from_logits(logits if a.entropy_coef else logits.detach()), (start, 0))
+        old_logp = logp.detach() if mb.old_logp is None else mb.old_logp
         pg_loss, pg_stats = policy_loss(
-            logp, mb.old_logp, mb.advantages, mb.mask, a.clip_low, a.clip_high, agg, norm_tokens=norm, **counts
+            logp, old_logp, mb.advantages, mb.mask, a.clip_low, a.clip_high, agg, norm_tokens=norm, **counts
         )
         loss = pg_loss - a.entropy_coef * aggregate(entropy, mb.mask, agg, norm, **counts)
         if mb.ref_logp is not None:
@@ -685,8 +691,8 @@ def summary_table(run: Run) -> str:
 
 
 def _logprobs(model: torch.nn.Module, mb: Batch) -> torch.Tensor:
-    logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1]  # [b, t-1, V]
-    return token_logprobs(logits, mb.targets)  # [b, t-1]
+    logits, start = response_logits(model, mb)  # [b, t-1-start, V]
+    return F.pad(token_logprobs(logits, mb.targets[:, start:]), (start, 0))  # [b, t-1]
 
 
 def _in_micro_batches(fn, batch: Batch, size: int) -> torch.Tensor:

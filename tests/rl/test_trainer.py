@@ -17,7 +17,7 @@ from ragen2.config import Config, load_config
 from ragen2.errors import ConfigError
 from ragen2.models.tiny import build_model, build_tokenizer
 from ragen2.rl import trainer
-from ragen2.rl.batch import build_batch
+from ragen2.rl.batch import build_batch, response_logits
 from ragen2.tracking import read_events, read_metrics
 
 METRICS_DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
@@ -357,3 +357,28 @@ def test_guard_state_survives_a_resume(policy_dir, tmp_path):
     trainer.train(tiny_config(policy_dir, run_dir, *overrides, "trainer.total_steps=6"), resume_dir=run_dir)
     assert [r["step"] for r in read_metrics(run_dir)][-1] == 3
     assert [e["step"] for e in read_events(run_dir) if e["kind"] == "early_stop"] == [3]
+
+
+def test_response_logits_equal_the_full_forward_on_response_tokens(policy_dir, tmp_path):
+    run = trainer.setup(tiny_config(policy_dir, tmp_path / "run"))
+    batch = build_batch(_with_varied_returns(run), run.tokenizer.pad_token_id)
+    logits, start = response_logits(run.policy, batch)
+    assert start > 0 and batch.mask[:, :start].sum() == 0  # the columns left out hold no response token
+    full = run.policy(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]
+    assert torch.allclose(logits, full[:, start:], atol=1e-5)
+    run.tracker.close()
+
+
+def test_on_policy_step_without_old_logprobs_matches_one_with_them(policy_dir, tmp_path):
+    """One epoch of one mini-batch skips the old-log-prob pass; the update must not change."""
+    weights = []
+    for name, precompute in (("a", True), ("b", False)):
+        run = trainer.setup(tiny_config(policy_dir, tmp_path / name, "algo.mini_batch_size=64"))
+        batch = trainer.advantage_phase(run, _with_varied_returns(run))
+        if precompute:
+            with torch.no_grad():
+                batch.old_logp = trainer._in_micro_batches(lambda mb: trainer._logprobs(run.policy, mb), batch, 2)
+        trainer.policy_step(run, batch, scale=1.0)
+        weights.append(_parameters(run.policy))
+        run.tracker.close()
+    assert all(torch.allclose(weights[0][n], weights[1][n], atol=1e-6) for n in weights[0])
