@@ -54,8 +54,11 @@ class HFBackend:
         stop_strings: generation of a row ends after any of these. A string that is one
             token (the tiny tokenizer's `</answer>`) is matched by token id; longer ones
             use transformers' `stop_strings` matching on text.
-        batch_size: prompts per `model.generate` call; None = all at once. Prompts are
-            sorted by length first so each batch needs little padding.
+        batch_size: prompts per `model.generate` call; None = as many as `max_batch_tokens`
+            allows. Prompts are sorted by length first so each batch needs little padding.
+        max_batch_tokens: cap on a call's padded prompt tokens (rows x longest prompt). The
+            prompt pass's attention scores grow with rows x length^2, so without a cap a
+            batch of long prompts (WebShop pages, long histories) can take tens of GB.
 
     Sampling draws from torch's global RNG: call `torch.manual_seed` before a rollout to
     repeat it (with the same batch composition; padding changes the float arithmetic).
@@ -71,9 +74,13 @@ class HFBackend:
         tokenizer: PreTrainedTokenizerBase,
         stop_strings: tuple[str, ...] = ("</answer>",),
         batch_size: int | None = None,
+        max_batch_tokens: int = 65536,
     ):
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size={batch_size} is not allowed: use None (one batch) or an integer >= 1")
+        if max_batch_tokens < 1:
+            raise ValueError(f"max_batch_tokens={max_batch_tokens} is not allowed: use an integer >= 1")
+        self.max_batch_tokens = max_batch_tokens
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
@@ -97,20 +104,29 @@ class HFBackend:
             raise ValueError(f"max_new_tokens={max_new_tokens} is not allowed: use an integer >= 1")
         if temperature < 0 or not 0 < top_p <= 1:
             raise ValueError(f"temperature={temperature}, top_p={top_p}: need temperature >= 0 and 0 < top_p <= 1")
-        order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
-        size = self.batch_size or max(len(prompts), 1)
         outputs: list[GenerationOutput | None] = [None] * len(prompts)
         was_training = self.model.training
         self.model.eval()
         try:
-            for b in range(0, len(order), size):
-                chunk = order[b : b + size]
+            for chunk in self._chunks(prompts):
                 batch = self._generate_batch([prompts[i] for i in chunk], max_new_tokens, temperature, top_p)
                 for i, out in zip(chunk, batch):
                     outputs[i] = out
         finally:
             self.model.train(was_training)
         return outputs
+
+    def _chunks(self, prompts: list[list[int]]) -> list[list[int]]:
+        """Prompt indices, longest first, cut into calls of at most `batch_size` rows and `max_batch_tokens` padded tokens."""
+        order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
+        size = self.batch_size or len(prompts)
+        chunks: list[list[int]] = []
+        for i in order:  # the first prompt of a chunk is its longest, so it sets the padded width
+            if chunks and len(chunks[-1]) < size and (len(chunks[-1]) + 1) * len(prompts[chunks[-1][0]]) <= self.max_batch_tokens:
+                chunks[-1].append(i)
+            else:
+                chunks.append([i])
+        return chunks
 
     def _generate_batch(
         self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float

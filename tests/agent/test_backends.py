@@ -43,6 +43,17 @@ def test_batched_greedy_equals_one_at_a_time_in_input_order(model, tokenizer, pr
     assert [o.finish_reason for o in batched] == [o.finish_reason for o in single]
     chunked = greedy(HFBackend(model, tokenizer, batch_size=2), prompts)
     assert [o.token_ids for o in chunked] == [o.token_ids for o in single]
+    capped = greedy(HFBackend(model, tokenizer, max_batch_tokens=2 * max(map(len, prompts))), prompts)
+    assert [o.token_ids for o in capped] == [o.token_ids for o in single]
+
+
+def test_calls_respect_the_row_and_padded_token_caps(model, tokenizer):
+    prompts = [[5] * n for n in (3, 9, 4, 9, 1, 7)]
+    chunks = HFBackend(model, tokenizer, batch_size=3, max_batch_tokens=20)._chunks(prompts)
+    assert sorted(i for chunk in chunks for i in chunk) == list(range(6))
+    assert all(len(c) <= 3 and len(c) * max(len(prompts[i]) for i in c) <= 20 for c in chunks)
+    assert chunks[0] == [1, 3]  # longest first: two 9-token prompts fill 18 of 20
+    assert HFBackend(model, tokenizer, max_batch_tokens=5)._chunks([[5] * 9]) == [[0]]  # one row always fits
 
 
 def test_greedy_is_deterministic_and_outputs_are_consistent(model, tokenizer, prompts):
@@ -126,6 +137,8 @@ def test_restores_training_mode_and_validates(model, tokenizer, prompts):
         greedy(HFBackend(model, tokenizer), prompts, n=0)
     with pytest.raises(ValueError, match="batch_size=0"):
         HFBackend(model, tokenizer, batch_size=0)
+    with pytest.raises(ValueError, match="max_batch_tokens=0"):
+        HFBackend(model, tokenizer, max_batch_tokens=0)
 
 
 def test_checkpoint_generation_defaults_do_not_leak(model, tokenizer, prompts, monkeypatch):
