@@ -12,7 +12,6 @@ import pytest
 
 import ragen2
 from ragen2.cli import main
-from ragen2.models.tiny import build_model, build_tokenizer
 
 REPO = Path(ragen2.__file__).resolve().parents[1]
 CORPUS = [
@@ -22,12 +21,9 @@ CORPUS = [
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
+def model_dir(tmp_path_factory, save_random_policy) -> Path:
     path = tmp_path_factory.mktemp("model")
-    tokenizer = build_tokenizer(CORPUS, vocab_size=300)
-    model = build_model(tokenizer, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64)
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
+    save_random_policy(path, CORPUS)
     return path
 
 

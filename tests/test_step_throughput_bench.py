@@ -13,7 +13,6 @@ import torch
 from ragen2.agent import rollout
 from ragen2.agent.types import GenerationOutput
 from ragen2.config import load_config
-from ragen2.models.tiny import build_model, build_tokenizer
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "step_throughput.py"
 CORPUS = [
@@ -32,12 +31,9 @@ def bench():
 
 
 @pytest.fixture(scope="module")
-def policy_dir(tmp_path_factory) -> Path:
+def policy_dir(tmp_path_factory, save_random_policy) -> Path:
     path = tmp_path_factory.mktemp("policy")
-    tokenizer = build_tokenizer(CORPUS, vocab_size=300)
-    model = build_model(tokenizer, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64)
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
+    save_random_policy(path, CORPUS)
     return path
 
 

@@ -17,7 +17,6 @@ import torch
 import ragen2
 from ragen2.config import load_config
 from ragen2.errors import CheckpointError
-from ragen2.models.tiny import build_model, build_tokenizer
 from ragen2.rl.checkpoint import latest_step, load_checkpoint, mark_latest, rng_state, save_checkpoint, set_rng_state
 from ragen2.tracking import read_events, read_metrics
 
@@ -30,14 +29,10 @@ CORPUS = [
 
 
 @pytest.fixture(scope="module")
-def policy(tmp_path_factory):
+def policy(tmp_path_factory, save_random_policy):
     """A tiny random policy saved as a Hugging Face directory: (path, model, tokenizer)."""
     path = tmp_path_factory.mktemp("policy")
-    tokenizer = build_tokenizer(CORPUS, vocab_size=300)
-    model = build_model(tokenizer, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64)
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path, model, tokenizer
+    return path, *save_random_policy(path, CORPUS)
 
 
 def _saved(run_dir: Path, policy, step: int = 3) -> Path:

@@ -15,7 +15,6 @@ from transformers import AutoModelForCausalLM
 from ragen2.agent.types import Trajectory, Turn
 from ragen2.config import Config, load_config
 from ragen2.errors import ConfigError
-from ragen2.models.tiny import build_model, build_tokenizer
 from ragen2.rl import trainer
 from ragen2.rl.batch import build_batch, response_logits
 from ragen2.tracking import read_events, read_metrics
@@ -34,12 +33,9 @@ def _single_thread(one_thread):
 
 
 @pytest.fixture(scope="module")
-def policy_dir(tmp_path_factory) -> Path:
+def policy_dir(tmp_path_factory, save_random_policy) -> Path:
     path = tmp_path_factory.mktemp("policy")
-    tokenizer = build_tokenizer(CORPUS, vocab_size=300)
-    model = build_model(tokenizer, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64)
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
+    save_random_policy(path, CORPUS)
     return path
 
 

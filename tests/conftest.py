@@ -1,0 +1,26 @@
+"""Fixtures shared by every test directory."""
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from ragen2.models.tiny import build_model, build_tokenizer
+
+
+@pytest.fixture(scope="session")
+def save_random_policy() -> Callable:
+    """`save(path, corpus) -> (model, tokenizer)`: a tiny random Qwen2 policy, tokenizer trained on `corpus`, saved at `path`.
+
+    Random weights generate well-formed text only by chance: tests that need a policy's
+    *behaviour* use a warm start instead.
+    """
+
+    def save(path: Path, corpus: list[str]):
+        tokenizer = build_tokenizer(corpus, vocab_size=300)
+        model = build_model(tokenizer, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64)
+        model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        return model, tokenizer
+
+    return save
