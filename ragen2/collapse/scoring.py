@@ -45,12 +45,17 @@ def score_matrix(
     Returns:
         logp: float64 [M, P], logp[m, j] = sum_t log p(Z_m[t] | X_j, Z_m[:t]).
 
-    Per prompt j: one forward over X_j fills the cache and gives the logits that predict Z_m[0];
-    then for each micro-batch the cache is repeated along the batch dimension, the reasonings are
-    right-padded, and one forward over them (positions len(X_j) + t) gives the rest. Right padding
-    is safe under causal attention: a real token never attends to a pad that comes after it.
+    Per distinct prompt (identical prompts, e.g. the first turns of one group, are scored once
+    and their column copied): one forward over X_j fills the cache and gives the logits that
+    predict Z_m[0]; then for each micro-batch the cache is repeated along the batch dimension,
+    the reasonings are right-padded, and one forward over them (positions len(X_j) + t) gives the
+    rest. Right padding is safe under causal attention: a real token never attends to a pad that
+    comes after it.
     """
     prompt_ts, reasoning_ts = _as_token_tensors(prompts, reasonings, micro_batch_size)
+    distinct: dict[tuple[int, ...], int] = {}
+    column_of = [distinct.setdefault(tuple(p.tolist()), len(distinct)) for p in prompt_ts]  # [P] -> distinct index
+    prompt_ts = [torch.tensor(key, dtype=torch.long) for key in distinct]
     device = _resolve_device(model, device)
     batches = list(_micro_batches(reasoning_ts, micro_batch_size, _pad_id(tokenizer_or_none), device))
     logp = np.empty((len(reasoning_ts), len(prompt_ts)), dtype=np.float64)
@@ -78,7 +83,7 @@ def score_matrix(
                     logp[rows, j] = _masked_sum(token_logp, mask)
     finally:
         model.train(was_training)
-    return logp
+    return logp[:, column_of]
 
 
 def score_matrix_naive(

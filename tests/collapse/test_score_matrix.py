@@ -121,10 +121,12 @@ def test_accepts_tensors_arrays_and_a_tokenizer_pad_id(naive_qwen2):
     np.testing.assert_allclose(got, naive_qwen2, atol=1e-4, rtol=0)
 
 
-def test_identical_prompts_give_identical_columns_and_one_class():
+def test_identical_prompts_give_identical_columns_and_one_class(naive_qwen2):
+    """A repeated prompt is scored once and its column copied, in the caller's column order."""
     prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[0]]
     logp = score_matrix(tiny_qwen2(), None, prompts, REASONINGS, micro_batch_size=3)
     np.testing.assert_array_equal(logp[:, 0], logp[:, 2])
+    np.testing.assert_allclose(logp, naive_qwen2[:, [0, 1, 0]], atol=1e-4, rtol=0)
     out = mi_metrics(logp, np.array([0, 1, 2, 0, 1, 2, 0]), np.array(REASONING_LENGTHS), input_ids=prompts)
     assert out["num_distinct_inputs"] == 2
 
