@@ -41,7 +41,8 @@ def _config_help() -> str:
 def cmd_warmstart(args: argparse.Namespace) -> int:
     from ragen2.models.warmstart import warmstart
 
-    path = warmstart(out_dir=Path(args.out) if args.out else None, seed=args.seed, force=args.force)
+    envs = tuple(e.strip() for e in args.envs.split(","))
+    path = warmstart(out_dir=Path(args.out) if args.out else None, seed=args.seed, force=args.force, envs=envs)
     print(f"tiny policy ready: {path}")
     return 0
 
@@ -166,6 +167,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="Output directory (default: the cache, $RAGEN2_CACHE or ~/.cache/ragen2).")
     p.add_argument("--seed", type=int, default=0, help="Seed (default: 0).")
     p.add_argument("--force", action="store_true", help="Rebuild even when cached.")
+    p.add_argument(
+        "--envs",
+        default="sokoban,frozenlake,bandit",
+        help="Comma-separated environments to demonstrate (default: sokoban,frozenlake,bandit, the default policy; "
+        "countdown,math,searchqa,code,webshop is the policy their presets use, model.path=tiny:ENV,...).",
+    )
     p.set_defaults(func=cmd_warmstart)
 
     p = sub.add_parser(

@@ -205,8 +205,9 @@ class SearchQAEnv(TextEnv):
     or HotpotQA's `supporting_facts`) load from .jsonl, .json or .parquet; a
     HotpotQA file with `context` paragraphs needs no corpus, its paragraphs are
     the corpus. Search is BM25 (`SearchIndex`). `solve()` searches the title of
-    each gold document, then finishes with the gold answer (searching the
-    question instead when no gold documents are known).
+    each gold document that no search has shown yet, then finishes with the
+    gold answer (searching the question instead when no gold documents are
+    known).
 
     ## Actions
     `search[query]` or `finish[answer]` (keyword case and spaces before `[`
@@ -269,6 +270,7 @@ class SearchQAEnv(TextEnv):
         self.questions, self.index = _load(_file_key(corpus_path), _file_key(questions_path))
         self._question: Question | None = None
         self._taken = 0
+        self._found: set[str] = set()  # gold documents shown by this episode's searches
         self._done = False
         self._last = ""
 
@@ -276,6 +278,7 @@ class SearchQAEnv(TextEnv):
         gym.Env.reset(self, seed=seed)  # seeds self.np_random; TextEnv.reset is abstract
         self._question = self.questions[int(self.np_random.integers(len(self.questions)))]
         self._taken, self._done = 0, False
+        self._found = set()
         self._last = f"Question: {self._question.question}"
         return self._last, {}
 
@@ -299,7 +302,9 @@ class SearchQAEnv(TextEnv):
             self._last = f"Question: {question.question}\n{verdict}"
             return self._last, f1, True, False, info
         results = self.index.search(argument, self.top_k)
-        info["found_gold"] = any(doc.id in question.gold_ids for doc in results)
+        found = {doc.id for doc in results} & set(question.gold_ids)
+        self._found |= found
+        info["found_gold"] = bool(found)
         self._last = f"Question: {question.question}\n" + self._format_results(argument, results)
         truncated = self._taken >= self.max_actions
         self._done = truncated
@@ -313,10 +318,16 @@ class SearchQAEnv(TextEnv):
         return list(EXAMPLE_ACTIONS)
 
     def solve(self) -> list[str] | None:
-        """Search each gold document's title, then finish with the gold answer, within the actions left."""
+        """Search the title of each gold document no search has shown yet, then finish with the gold answer.
+
+        Searches stop one action short of the budget, so the plan always ends with the finish.
+        """
         question = self._require_question()
         titles = {d.id: d.title for d in self.index.docs}
-        queries = [titles[i] for i in question.gold_ids] or [question.question]
+        if question.gold_ids:
+            queries = [titles[i] for i in question.gold_ids if i not in self._found]
+        else:
+            queries = [] if self._taken else [question.question]
         left = self.max_actions - self._taken
         finish = f"finish[{_as_argument(question.answer)}]"
         return [f"search[{_as_argument(q)}]" for q in queries[: max(left - 1, 0)]] + [finish]

@@ -111,19 +111,35 @@ class _SyntheticShop:
         return f"{head}{body}\nAvailable actions: {actions}"
 
     def solve(self) -> list[str]:
-        """Back to the search page, search the goal's words, page to the goal's product, choose its options, buy."""
+        """From the current page: reach the goal's product (searching its words when needed), choose its options, buy.
+
+        On the goal's item page (or its description) only the options not yet chosen remain; on
+        results that hold it, the plan pages to it; anywhere else it goes back to search.
+        """
         if self.page == "done":
             return []
+        target = self.catalog.by_asin[self.goal.asin]
+        if self.item is not None and self.item.asin == target.asin and self.page in ("item", "description"):
+            back = [f"click[{PREV_PAGE}]"] if self.page == "description" else []
+            return back + self._choose_and_buy()
+        if self.page == "results" and target in self.results:
+            turn = self.results.index(target) // RESULTS_PER_PAGE + 1 - self.page_no
+            paging = [f"click[{NEXT_PAGE if turn > 0 else PREV_PAGE}]"] * abs(turn)
+            return paging + [f"click[{target.asin}]"] + self._choose_and_buy(fresh=True)
         plan = [] if self.page == "search" else [f"click[{BACK_TO_SEARCH}]"]
         goal_words = " ".join([*self.goal.attributes, self.goal.type.name, *(v for _, v in self.goal.options)])
-        target = self.catalog.by_asin[self.goal.asin]
         for query in (goal_words, target.title):  # the title finds it when the goal's words rank it below 50
             asins = [p.asin for p in self.catalog.search(query)]
             if target.asin in asins:
                 break
         rank = asins.index(target.asin)
         plan += [f"search[{query}]"] + [f"click[{NEXT_PAGE}]"] * (rank // RESULTS_PER_PAGE) + [f"click[{target.asin}]"]
-        return plan + [f"click[{value}]" for _, value in self.goal.options] + [f"click[{BUY_NOW}]"]
+        return plan + self._choose_and_buy(fresh=True)
+
+    def _choose_and_buy(self, fresh: bool = False) -> list[str]:
+        """Click each goal option not chosen yet (all of them on a freshly opened item page), then buy."""
+        chosen = {} if fresh else self.chosen
+        return [f"click[{value}]" for dim, value in self.goal.options if chosen.get(dim) != value] + [f"click[{BUY_NOW}]"]
 
     def search_page(self) -> bool:
         return self.page == "search"

@@ -19,6 +19,11 @@ parameters within minutes:
 
 Bandit is the exception on purpose: its oracle picks an arm uniformly at random, so the warm
 start leaves the choice near 50/50 and RL has the high-EV arm left to discover.
+
+The other environments (Countdown, math, SearchQA, code, WebShop) act as their own `solve()`
+says from the current state (`solver_demo`); the reasoning restates what the answer depends
+on (the numbers and the target, the question, the task) or, for the multi-turn ones, says why
+this action comes next (the title to look up, the option the instruction asks for).
 """
 
 from __future__ import annotations
@@ -35,8 +40,13 @@ from ragen2.agent.conversation import Conversation
 from ragen2.agent.parsing import ACTION_SEPARATOR, ANSWER_CLOSE, ANSWER_OPEN, THINK_CLOSE, parse_response
 from ragen2.envs.bandit import BanditEnv
 from ragen2.envs.base import TextEnv
+from ragen2.envs.codeexec import CodeEnv
+from ragen2.envs.countdown import CountdownEnv
 from ragen2.envs.frozenlake import FrozenLakeEnv
+from ragen2.envs.mathqa import MathEnv
+from ragen2.envs.searchqa import SearchQAEnv
 from ragen2.envs.sokoban import MOVES, Room, SokobanEnv
+from ragen2.envs.webshop import BACK_TO_SEARCH, BUY_NOW, NEXT_PAGE, PREV_PAGE, WebShopEnv, parse_action
 from ragen2.errors import ConfigError
 
 Cell = tuple[int, int]  # (row, col), as the environments use
@@ -121,12 +131,13 @@ def sokoban_plan(env: SokobanEnv) -> list[str] | None:
 
 
 def sokoban_demo(env: SokobanEnv, max_actions: int, rng: np.random.Generator) -> str:
-    """Restate the positions, then name the push that the solution makes next.
+    """Restate the positions, name the push that the solution makes next, and the walk to it.
 
     E.g. `Player at (row 2, col 2); box at (row 3, col 3); target at (row 4, col 3). Push it
-    Down from (row 2, col 3).` The first sentence is the observation's coordinates line (for
-    one box, verbatim). The push cell is the box's far side, so both the walk there and the
-    push follow from the stated cells.
+    Down from (row 2, col 3). Row 2 to 2: stay. Col 2 to 3: right.` The first sentence is the
+    observation's coordinates line (for one box, verbatim). The push cell is the box's far
+    side; the walk there is spelled out axis by axis (`_heading`), so the first moves follow
+    from adjacent numbers.
     """
     plan = _require(sokoban_plan(env), env)
     player, boxes = env.player, set(env.boxes)
@@ -139,9 +150,10 @@ def sokoban_demo(env: SokobanEnv, max_actions: int, rng: np.random.Generator) ->
     else:  # unreachable: a Sokoban solution pushes at least once
         raise AssertionError(f"plan {plan} never pushes a box")
     target = min(env.targets, key=lambda t: (abs(t[0] - box[0]) + abs(t[1] - box[1]), t))
+    stand = _shift(box, push, -1)
     reasoning = (
         f"Player at {_fmt(env.player)}; box at {_fmt(box)}; target at {_fmt(target)}. "
-        f"Push it {push} from {_fmt(_shift(box, push, -1))}."
+        f"Push it {push} from {_fmt(stand)}. {_heading(env.player, stand)}"
     )
     return _response(reasoning, plan[:max_actions])
 
@@ -159,18 +171,27 @@ def frozenlake_plan(env: FrozenLakeEnv) -> list[str] | None:
     return canonical_path(env.player, step, lambda cell: cell == env.goal)
 
 
-def frozenlake_demo(env: FrozenLakeEnv, max_actions: int, rng: np.random.Generator) -> str:
-    """Restate the positions, say where the goal lies and which hole, if any, turns the path.
+def _heading(start: Cell, end: Cell) -> str:
+    """How to get from `start` to `end`, one axis at a time, each decided by the two numbers just before it.
 
-    E.g. `Player at (row 3, col 0); goal at (row 1, col 2). The goal is up and right. I avoid
-    the hole at (row 2, col 0).` A hole is named when, on this turn's moves, the first move
-    toward the goal in PRIORITY order would fall into it: the reason the path turns.
+    E.g. `Row 3 to 1: up. Col 0 to 2: right.` A tiny model copies the numbers out of the
+    stated cells, then compares two adjacent digits: far easier than comparing two cells
+    named many tokens apart.
+    """
+    rows = "down" if end[0] > start[0] else "up" if end[0] < start[0] else "stay"
+    cols = "right" if end[1] > start[1] else "left" if end[1] < start[1] else "stay"
+    return f"Row {start[0]} to {end[0]}: {rows}. Col {start[1]} to {end[1]}: {cols}."
+
+
+def frozenlake_demo(env: FrozenLakeEnv, max_actions: int, rng: np.random.Generator) -> str:
+    """Restate the positions, say which way the goal lies and which hole, if any, turns the path.
+
+    E.g. `Player at (row 3, col 0); goal at (row 1, col 2). Row 3 to 1: up. Col 0 to 2: right.
+    I avoid the hole at (row 2, col 0).` A hole is named when, on this turn's moves, the first
+    move toward the goal in PRIORITY order would fall into it: the reason the path turns.
     """
     plan = _require(frozenlake_plan(env), env)
     goal, holes, cell = env.goal, set(env.holes), env.player
-    vertical = "down" if goal[0] > cell[0] else "up" if goal[0] < cell[0] else ""
-    horizontal = "right" if goal[1] > cell[1] else "left" if goal[1] < cell[1] else ""
-    direction = " and ".join(d for d in (vertical, horizontal) if d)
 
     def distance(c: Cell) -> int:
         return abs(goal[0] - c[0]) + abs(goal[1] - c[1])
@@ -183,7 +204,7 @@ def frozenlake_demo(env: FrozenLakeEnv, max_actions: int, rng: np.random.Generat
             break
         cell = _shift(cell, move)
     avoid = f"I avoid the hole at {_fmt(in_the_way)}." if in_the_way else "No hole is in the way."
-    reasoning = f"Player at {_fmt(env.player)}; goal at {_fmt(goal)}. The goal is {direction}. {avoid}"
+    reasoning = f"Player at {_fmt(env.player)}; goal at {_fmt(goal)}. {_heading(env.player, goal)} {avoid}"
     return _response(reasoning, plan[:max_actions])
 
 
@@ -194,10 +215,98 @@ def bandit_demo(env: BanditEnv, max_actions: int, rng: np.random.Generator) -> s
     return _response(f"Arms: {first}, {second}. I try {arm}.", [arm])
 
 
+def solver_demo(env: TextEnv, max_actions: int, explain: Callable[[TextEnv, str], str]) -> str:
+    """The next `max_actions` actions of `env.solve()` from the current state, with `explain(env, first_action)` as reasoning."""
+    plan = _require(env.solve(), env)[:max_actions]
+    return _response(explain(env, plan[0]), plan)
+
+
+def _clip(text: str, limit: int = 80) -> str:
+    """`text` on one line, cut at a word boundary to at most `limit` characters (`...` marks a cut)."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3].rsplit(" ", 1)[0] + "..."
+
+
+def _argument(action: str) -> str:
+    """The text inside `verb[...]`."""
+    return action[action.index("[") + 1 : action.rindex("]")]
+
+
+def countdown_demo(env: CountdownEnv, max_actions: int, rng: np.random.Generator) -> str:
+    """Restate the numbers and the target, then check the equation: `Numbers 9, 5; target 14. 9 + 5 = 14.`"""
+
+    def explain(env: CountdownEnv, equation: str) -> str:
+        return f"Numbers {', '.join(map(str, env.numbers))}; target {env.target}. {equation} = {env.target}."
+
+    return solver_demo(env, max_actions, explain)
+
+
+def math_demo(env: MathEnv, max_actions: int, rng: np.random.Generator) -> str:
+    """Restate the question, then give the result: `Calculate -5 + -9. That is -14.`"""
+    return solver_demo(env, max_actions, lambda env, answer: f"{_clip(env.question)} That is {answer}.")
+
+
+def searchqa_demo(env: SearchQAEnv, max_actions: int, rng: np.random.Generator) -> str:
+    """Restate the question, then name the document to look up or the answer the results gave.
+
+    E.g. `Who kept the lighthouse at the southern tip of Ost? I look up Cape Dunmore.`, then, with
+    the results shown, `... The results say Hob Tennant.`
+    """
+
+    def explain(env: SearchQAEnv, action: str) -> str:
+        verb = "The results say" if action.lower().startswith("finish") else "I look up"
+        return f"{_clip(env.question.question)} {verb} {_argument(action)}."
+
+    return solver_demo(env, max_actions, explain)
+
+
+def code_demo(env: CodeEnv, max_actions: int, rng: np.random.Generator) -> str:
+    """Restate the task and say how the program is called; answer with the reference program in a fenced block.
+
+    E.g. `Task: Write reverse_words(s) returning the words of s (split on spaces)... I define reverse_words.`
+    """
+    problem = env.problem
+    how = f"I define {problem.fn_name}." if problem.fn_name else "I read standard input and print the answer."
+    (program,) = _require(env.solve(), env)
+    reasoning = f"Task: {_clip(problem.statement.splitlines()[0])} {how}"
+    return _response(reasoning, [f"```python\n{program.rstrip()}\n```"])
+
+
+def webshop_demo(env: WebShopEnv, max_actions: int, rng: np.random.Generator) -> str:
+    """Say why the next action of the solution is taken: the words searched, the product that matches, the option asked for.
+
+    E.g. `I need insulated bpa free water bottle 12 oz white.`, then `The insulated bpa free
+    water bottle is B0KPM1QJHP.`, `The instruction asks for 12 oz.`, `Every option is chosen;
+    I buy it.`
+    """
+
+    def explain(env: WebShopEnv, action: str) -> str:
+        verb, argument = parse_action(action)
+        goal = env.goal
+        if verb == "search":
+            return f"I need {argument}."
+        if argument == NEXT_PAGE:
+            return "The product is on a later page."
+        if argument in (PREV_PAGE, BACK_TO_SEARCH):
+            return "This page does not have the product; I go back."
+        if argument == BUY_NOW:
+            return "Every option is chosen; I buy it."
+        if argument == goal.asin:
+            return f"The {' '.join(goal.attributes)} {goal.type.name} is {argument}."
+        return f"The instruction asks for {argument}."
+
+    return solver_demo(env, max_actions, explain)
+
+
 ORACLES: dict[type[TextEnv], Callable[[TextEnv, int, np.random.Generator], str]] = {
     SokobanEnv: sokoban_demo,
     FrozenLakeEnv: frozenlake_demo,
     BanditEnv: bandit_demo,
+    CountdownEnv: countdown_demo,
+    MathEnv: math_demo,
+    SearchQAEnv: searchqa_demo,
+    CodeEnv: code_demo,
+    WebShopEnv: webshop_demo,
 }
 
 

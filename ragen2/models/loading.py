@@ -29,11 +29,23 @@ def resolve_device(device: str) -> torch.device:
 
 
 def resolve_model_path(path: str | None) -> str:
-    """None or 'tiny' -> the cached warm-started tiny policy (built on first use)."""
-    if path in (None, "tiny"):
-        from ragen2.models.warmstart import ensure_tiny_policy
+    """None or 'tiny' -> the default tiny policy; 'tiny:ENV,ENV' -> the tiny policy warm-started on those envs.
 
-        return str(ensure_tiny_policy())
+    Either is built on first use (a few minutes on a CPU) and cached; anything else is a
+    model directory or hub name, returned as is.
+    """
+    if path is None or path == "tiny" or path.startswith("tiny:"):
+        from ragen2.envs import names
+        from ragen2.models.warmstart import CORE_ENVS, ensure_tiny_policy
+
+        envs = tuple(e.strip() for e in path.split(":", 1)[1].split(",")) if path and ":" in path else CORE_ENVS
+        unknown = [e for e in envs if e not in names()]
+        if unknown:
+            raise ConfigError(
+                f"model.path={path!r} names unknown environment(s) {unknown}; use tiny:ENV[,ENV...] with ENV in "
+                f"{', '.join(names())}"
+            )
+        return str(ensure_tiny_policy(envs=envs))
     return path
 
 

@@ -15,6 +15,7 @@ samples, so the warm start trains on exactly the token layout RL later trains on
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -44,12 +45,37 @@ from ragen2.models.tiny import build_model, build_tokenizer
 log = logging.getLogger(__name__)
 
 # Bump when the demonstrations, the tokenizer or the training change, so old caches are not reused.
-WARMSTART_VERSION = "2"
+WARMSTART_VERSION = "3"
 
 INFO_FILE = "warmstart.json"
 
 # How the environments name a grid cell; every cell named in the demonstrations becomes one token.
 CELL_PATTERN = re.compile(r"\(row \d+, col \d+\)")
+
+
+# Settings of the default warm start for the environments that need them. Countdown and math
+# get small problems, on which a model of this size can learn something within minutes;
+# the single-turn tasks get fewer episodes than the grids (their samples are short, and the
+# 28 code problems and 50 SearchQA questions repeat anyway); WebShop's long pages cost most.
+# The default tiny policy's environments. One 0.5M-parameter model fine-tuned on all eight for
+# the same 5 minutes fell below random on FrozenLake and Bandit, so the other five share a
+# second warm start: model.path=tiny:countdown,math,searchqa,code,webshop (their presets' default).
+CORE_ENVS = ("sokoban", "frozenlake", "bandit")
+TOOL_ENVS = ("countdown", "math", "searchqa", "code", "webshop")
+
+DEFAULT_ENV_KWARGS: dict[str, dict[str, Any]] = {
+    "countdown": {"min_numbers": 2, "max_numbers": 3, "max_value": 9, "max_target": 30},
+    "math": {"dataset_kwargs": {"min_terms": 2, "max_terms": 2, "max_digits": 1}},
+}
+DEFAULT_EPISODE_SHARES: dict[str, float] = {
+    "bandit": 0.25, "countdown": 0.25, "math": 0.25, "searchqa": 0.075, "code": 0.04, "webshop": 0.025,
+}
+# Each env's preset rollout shape (ragen2/configs/envs/<env>.yaml; a test checks they agree), so
+# the demonstrations have the turn layout that RL and `ragen2 eval` use.
+DEFAULT_ENV_TURNS: dict[str, tuple[int, int]] = {
+    "sokoban": (5, 2), "frozenlake": (5, 2), "bandit": (1, 1), "countdown": (1, 1), "math": (3, 1),
+    "searchqa": (5, 1), "code": (1, 1), "webshop": (15, 1),
+}
 
 
 @dataclass(frozen=True)
@@ -61,21 +87,25 @@ class WarmStartConfig:
 
     seed: int = 0
     """Seeds the demonstration seeds, the Bandit oracle's choices, the initialisation and the data order."""
-    envs: tuple[str, ...] = ("sokoban", "frozenlake", "bandit")
+    envs: tuple[str, ...] = CORE_ENVS
     """Environments to demonstrate; each needs an oracle in `ragen2.models.demos.ORACLES`."""
-    env_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    env_kwargs: dict[str, dict[str, Any]] = field(default_factory=lambda: copy.deepcopy(DEFAULT_ENV_KWARGS))
     """Per-environment constructor kwargs, e.g. {"sokoban": {"dim_room": [6, 6]}}; missing = env defaults."""
     episodes_per_env: int = 2000
     """Demonstration episodes per environment, on training seeds (below EVAL_SEED_OFFSET)."""
+    episode_shares: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_EPISODE_SHARES))
+    """Per-environment fraction of `episodes_per_env` to play (at least one episode); missing = 1."""
     max_turns: int = 5
     """Turns per demonstration episode (the rollout default: 5 turns x 2 actions)."""
     max_actions_per_turn: int = 2
     """Actions per demonstrated answer (the rollout default)."""
+    env_turns: dict[str, tuple[int, int]] = field(default_factory=lambda: dict(DEFAULT_ENV_TURNS))
+    """Per-environment (max_turns, max_actions_per_turn); missing = the two fields above."""
     vocab_size: int = 1024
     """Byte-level BPE vocabulary, special and tag tokens included."""
     hidden_size: int = 128
     """Model width."""
-    num_layers: int = 4
+    num_layers: int = 2
     """Transformer blocks."""
     num_heads: int = 4
     """Attention heads."""
@@ -83,15 +113,15 @@ class WarmStartConfig:
     """Key/value heads (grouped-query attention, as in Qwen2)."""
     intermediate_size: int = 384
     """MLP width."""
-    steps: int = 600
+    steps: int = 3000
     """Optimizer steps of supervised fine-tuning."""
-    lr: float = 2e-3
+    lr: float = 1e-2
     """Peak AdamW learning rate (linear warm-up, cosine decay to a tenth)."""
-    warmup_steps: int = 30
+    warmup_steps: int = 50
     """Steps of linear learning-rate warm-up."""
     weight_decay: float = 0.01
     """AdamW weight decay."""
-    batch_tokens: int = 8192
+    batch_tokens: int = 2048
     """Padded tokens per batch; sequences of similar length are batched together."""
     grad_clip: float = 1.0
     """Global gradient-norm clip."""
@@ -100,6 +130,14 @@ class WarmStartConfig:
         for name in ("episodes_per_env", "max_turns", "max_actions_per_turn", "steps", "batch_tokens"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"warmstart {name}={getattr(self, name)} is not allowed: use an integer >= 1")
+        for env, share in self.episode_shares.items():
+            if not share > 0:
+                raise ConfigError(f"warmstart episode_shares[{env!r}]={share} is not allowed: use a positive number")
+        for env, turns in self.env_turns.items():
+            if len(turns) != 2 or min(turns) < 1:
+                raise ConfigError(
+                    f"warmstart env_turns[{env!r}]={turns!r} is not allowed: use (max_turns, max_actions_per_turn), both >= 1"
+                )
         if not self.envs:
             raise ConfigError("warmstart envs=() is not allowed: name at least one environment")
         if self.lr <= 0:
@@ -122,9 +160,9 @@ def cache_path(config: WarmStartConfig, cache_dir: str | Path | None = None) -> 
     return Path(cache_dir or default_cache_dir()) / f"tiny-policy-{config.key()}"
 
 
-def ensure_tiny_policy(seed: int = 0, cache_dir: str | Path | None = None) -> Path:
-    """The default tiny policy's directory, warm-started on first use and cached after."""
-    return warmstart(cache_path(WarmStartConfig(seed=seed), cache_dir), seed=seed)
+def ensure_tiny_policy(seed: int = 0, cache_dir: str | Path | None = None, envs: tuple[str, ...] = CORE_ENVS) -> Path:
+    """The directory of the tiny policy warm-started on `envs`, built on first use and cached after."""
+    return warmstart(cache_path(WarmStartConfig(seed=seed, envs=envs), cache_dir), seed=seed, envs=envs)
 
 
 def warmstart(out_dir: str | Path | None = None, seed: int = 0, force: bool = False, **settings: Any) -> Path:
@@ -191,11 +229,15 @@ def _build(config: WarmStartConfig, out: Path) -> None:
     log.info("warm start: %d demonstration episodes in %.1fs", len(demos), time.perf_counter() - start)
 
     tokenizer = demo_tokenizer(demos, config.vocab_size)
-    samples = [s for ep in demos for s in ep.conversation(tokenizer).samples()]
+    samples, env_of_sample = [], []
+    for ep in demos:
+        for sample in ep.conversation(tokenizer).samples():
+            samples.append(sample)
+            env_of_sample.append(config.envs.index(ep.env_name))
     lengths = [len(ids) for ids, _ in samples]
     log.info(
         "warm start: tokenizer of %d tokens; %d samples, %d tokens (max length %d)",
-        len(tokenizer), len(samples), sum(lengths), max(lengths),
+        len(tokenizer), len(lengths), sum(lengths), max(lengths),
     )
 
     model = build_model(
@@ -209,7 +251,7 @@ def _build(config: WarmStartConfig, out: Path) -> None:
         seed=config.seed,
     )
     log.info("warm start: model of %.2fM parameters", model.num_parameters() / 1e6)
-    losses = sft(model, tokenizer, samples, config, rng)
+    losses = sft(model, tokenizer, samples, env_of_sample, config, rng)
 
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -219,7 +261,7 @@ def _build(config: WarmStartConfig, out: Path) -> None:
         "version": WARMSTART_VERSION,
         "settings": dataclasses.asdict(config),
         "num_parameters": model.num_parameters(),
-        "num_samples": len(samples),
+        "num_samples": len(lengths),
         "num_tokens": sum(lengths),
         "sft_loss_initial": losses[0],
         "sft_loss_final": float(np.mean(tail)),
@@ -232,11 +274,11 @@ def make_demos(config: WarmStartConfig, rng: np.random.Generator) -> list[DemoEp
     """Oracle episodes of every env on distinct training seeds drawn below EVAL_SEED_OFFSET."""
     demos = []
     for name in config.envs:
-        seeds = rng.choice(EVAL_SEED_OFFSET, size=config.episodes_per_env, replace=False)
+        episodes = max(1, round(config.episode_shares.get(name, 1.0) * config.episodes_per_env))
+        seeds = rng.choice(EVAL_SEED_OFFSET, size=episodes, replace=False)
         kwargs = config.env_kwargs.get(name, {})
-        demos += [
-            play_demo(name, kwargs, int(s), config.max_turns, config.max_actions_per_turn, rng) for s in seeds
-        ]
+        max_turns, max_actions = config.env_turns.get(name, (config.max_turns, config.max_actions_per_turn))
+        demos += [play_demo(name, kwargs, int(s), max_turns, max_actions, rng) for s in seeds]
     return demos
 
 
@@ -265,14 +307,17 @@ def sft(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     samples: list[tuple[list[int], list[int]]],
+    env_of_sample: list[int],
     config: WarmStartConfig,
     rng: np.random.Generator,
 ) -> list[float]:
     """Supervised fine-tuning on the mask-1 tokens of `samples`; returns the loss of every step.
 
-    Batches hold sequences with the same opening (one environment's system prompt) and similar
-    length, so little compute goes to padding and the shared prefix is computed once per
-    batch (see `batch_loss`); their order is reshuffled every epoch from `rng`.
+    Batches hold sequences of similar length from any environment (`env_of_sample`), so
+    little compute goes to padding and every step sees a mix of environments (steps of one
+    environment at a time learned several times slower); within a batch each environment's
+    shared system prompt is computed once (see `mixed_loss`). The batch order is reshuffled
+    every epoch from `rng`.
     """
     torch.manual_seed(config.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=config.weight_decay)
@@ -283,9 +328,11 @@ def sft(
     for step in range(config.steps):
         if not batches:
             batches = _length_buckets(samples, config.batch_tokens, rng)
-        for group in optimizer.param_groups:
-            group["lr"] = _lr_at(step, config)
-        loss = batch_loss(model, [samples[i] for i in batches.pop()], tokenizer.pad_token_id)
+        batch = batches.pop()
+        parts = [[samples[i] for i in batch if env_of_sample[i] == e] for e in sorted({env_of_sample[i] for i in batch})]
+        for param_group in optimizer.param_groups:
+            param_group["lr"] = _lr_at(step, config)
+        loss = mixed_loss(model, parts, tokenizer.pad_token_id)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
@@ -300,29 +347,28 @@ def sft(
     return losses
 
 
-def batch_loss(model: PreTrainedModel, batch: list[tuple[list[int], list[int]]], pad_id: int) -> torch.Tensor:
-    """Mean cross-entropy over the mask-1 tokens of `batch`, with its common prefix computed once.
+def mixed_loss(model: PreTrainedModel, parts: list[list[tuple[list[int], list[int]]]], pad_id: int) -> torch.Tensor:
+    """Mean cross-entropy over the mask-1 tokens of all `parts` (a batch split by environment), in two forward passes.
 
-    Equal to one forward pass over the right-padded batch (a test checks loss and gradients):
-    the prefix that every sequence shares and that holds no scored token (in the warm start:
-    the system prompt, about half of every sequence) runs once, its key/value cache is
-    repeated across the batch, and only the rest of each sequence runs per row. Gradients
-    flow back through the repeated cache into the prefix.
+    Equal to one forward pass over all the sequences, right-padded (a test checks loss and
+    gradients), but each part's shared prefix (its system prompt: about half of every
+    sequence) runs once: pass 1 runs the E prefixes, right-padded, into a key/value cache;
+    the cache rows are repeated for each sequence of their part; pass 2 runs every
+    sequence's remainder on top of its prefix, at positions that continue it. Gradients
+    flow back through the cache into the prefixes.
     """
-    first_scored = min(seq_mask.index(1) for _, seq_mask in batch)
-    shared = _common_prefix_length([seq for seq, _ in batch])
-    # Token t is predicted at position t-1, so the prefix ends before the first scored token's predecessor.
-    p = min(shared, first_scored - 1)
-    ids, mask, attention = _pad([(seq[p:], seq_mask[p:]) for seq, seq_mask in batch], pad_id)  # [B, T-p] each
-    cache = None
-    if p > 0:
-        cache = model.base_model(input_ids=torch.tensor([batch[0][0][:p]]), use_cache=True).cache
-        cache.batch_repeat_interleave(len(batch))  # [1, ...] -> [B, ...] per layer
-        attention = torch.cat([torch.ones(len(batch), p, dtype=attention.dtype), attention], dim=1)  # [B, T]
-    hidden = model.base_model(input_ids=ids, attention_mask=attention, cache=cache).last_hidden_state
-    # hidden: [B, T-p, H]. Position t predicts token t+1; only scored positions go through the
-    # output layer, since most of a sequence is prompt.
-    scored = mask[:, 1:].bool()  # [B, T-p-1]
+    # A prefix must end before the predecessor of the first scored token: position t predicts token t+1.
+    cut = [min(_common_prefix_length([seq for seq, _ in part]), min(m.index(1) for _, m in part) - 1) for part in parts]
+    prefix_ids, _, prefix_attention = _pad([(part[0][0][:p], [0] * p) for part, p in zip(parts, cut)], pad_id)  # [E, P]
+    cache = model.base_model(input_ids=prefix_ids, attention_mask=prefix_attention, use_cache=True).cache
+    part_of_row = torch.tensor([e for e, part in enumerate(parts) for _ in part])  # [B]
+    cache.batch_select_indices(part_of_row)  # [E, ...] -> [B, ...] per layer
+    ids, mask, attention = _pad([(seq[p:], m[p:]) for part, p in zip(parts, cut) for seq, m in part], pad_id)  # [B, S]
+    attention = torch.cat([prefix_attention[part_of_row], attention], dim=1)  # [B, P+S]
+    positions = torch.tensor(cut)[part_of_row, None] + torch.arange(ids.shape[1])  # [B, S]
+    hidden = model.base_model(input_ids=ids, attention_mask=attention, position_ids=positions, cache=cache).last_hidden_state
+    # hidden: [B, S, H]. Only scored positions go through the output layer: most of a sequence is prompt.
+    scored = mask[:, 1:].bool()  # [B, S-1]
     logits = model.get_output_embeddings()(hidden[:, :-1][scored])  # [N, V]
     return F.cross_entropy(logits, ids[:, 1:][scored])
 
@@ -336,33 +382,21 @@ def _common_prefix_length(seqs: list[list[int]]) -> int:
 
 
 def _length_buckets(samples: list[tuple[list[int], list[int]]], batch_tokens: int, rng: np.random.Generator) -> list[list[int]]:
-    """One epoch of batches of `batch_tokens` padded tokens at most, in random order.
+    """One epoch as batches of `batch_tokens` padded tokens at most (one sequence at least), in random order.
 
-    Samples are grouped by their first tokens (which system prompt they open with), then
-    sorted by length with ties broken at random, and cut into batches within each group.
+    Indices sorted by length with ties broken at random, so each batch pads little.
     """
-    openings: dict[tuple[int, ...], int] = {}
-    for ids, _ in samples:
-        openings.setdefault(tuple(ids[:_OPENING_TOKENS]), len(openings))
     tiebreak = rng.permutation(len(samples))
-    order = sorted(
-        range(len(samples)),
-        key=lambda i: (openings[tuple(samples[i][0][:_OPENING_TOKENS])], len(samples[i][0]), tiebreak[i]),
-    )
+    order = sorted(range(len(samples)), key=lambda i: (len(samples[i][0]), tiebreak[i]))
     batches, current = [], []
     for i in order:
-        # Within a group `order` is ascending, so the newest sample sets the padded width of the batch.
-        new_group = current and samples[i][0][:_OPENING_TOKENS] != samples[current[0]][0][:_OPENING_TOKENS]
-        if current and (new_group or (len(current) + 1) * len(samples[i][0]) > batch_tokens):
+        # `order` is ascending, so the newest sample sets the padded width of the batch.
+        if current and (len(current) + 1) * len(samples[i][0]) > batch_tokens:
             batches.append(current)
             current = []
         current.append(i)
     batches.append(current)
     return [batches[j] for j in rng.permutation(len(batches))]
-
-
-# Tokens that identify a sample's system prompt, for grouping; a wrong guess costs speed, not correctness.
-_OPENING_TOKENS = 32
 
 
 def _pad(batch: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -10,13 +10,14 @@ from ragen2.envs import make
 from ragen2.envs.sokoban import SokobanEnv
 from ragen2.errors import ConfigError
 from ragen2.models.demos import canonical_path, demo_response, frozenlake_plan, play_demo, sokoban_plan
+from ragen2.models.warmstart import DEFAULT_ENV_KWARGS, DEFAULT_ENV_TURNS
 
 SEEDS = range(30)
 
 
-def replay_succeeds(env_name: str, seed: int, responses: list[str], max_actions: int) -> bool:
+def replay_succeeds(env_name: str, seed: int, responses: list[str], max_actions: int, env_kwargs: dict | None = None) -> bool:
     """Replay the answers' actions in a fresh env: True when the episode ends in success."""
-    env = make(env_name)
+    env = make(env_name, **(env_kwargs or {}))
     env.reset(seed=seed)
     for response in responses:
         for action in parse_response(response, max_actions).actions:
@@ -40,6 +41,54 @@ def test_demonstrations_parse_and_their_actions_solve_the_episode(env_name):
         # The budget shown falls by the actions taken, as in the rollout loop.
         lefts = [t.actions_left for t in episode.turns]
         assert lefts[0] == 10 and all(a - b == 2 for a, b in zip(lefts, lefts[1:]))
+
+
+@pytest.mark.parametrize("env_name", ["countdown", "math", "searchqa", "code", "webshop"])
+def test_solver_demonstrations_parse_and_solve_with_the_warm_start_settings(env_name):
+    """The oracles of the single-answer and web tasks follow `solve()` from every state they reach."""
+    kwargs, (max_turns, max_actions) = DEFAULT_ENV_KWARGS.get(env_name, {}), DEFAULT_ENV_TURNS[env_name]
+    rng = np.random.default_rng(0)
+    for seed in range(8):
+        episode = play_demo(env_name, kwargs, seed, max_turns, max_actions, rng)
+        assert episode.success, f"{env_name} seed {seed}: the oracle did not solve it"
+        for turn in episode.turns:
+            parsed = parse_response(turn.response)
+            assert parsed.valid and len(parsed.actions) == 1 and parsed.reasoning, turn.response
+        responses = [t.response for t in episode.turns]
+        assert replay_succeeds(env_name, seed, responses, max_actions, kwargs)
+
+
+def test_single_answer_reasoning_restates_the_problem():
+    rng = np.random.default_rng(0)
+    for seed in range(10):
+        countdown = make("countdown", **DEFAULT_ENV_KWARGS["countdown"])
+        countdown.reset(seed=seed)
+        reasoning = parse_response(demo_response(countdown, 1, rng)).reasoning
+        assert reasoning.startswith(f"Numbers {', '.join(map(str, countdown.numbers))}; target {countdown.target}.")
+        math = make("math", **DEFAULT_ENV_KWARGS["math"])
+        math.reset(seed=seed)
+        response = demo_response(math, 1, rng)
+        assert parse_response(response).reasoning == f"{math.question} That is {math.answer}."
+        assert parse_response(response).actions == [math.answer]
+        search = make("searchqa")
+        search.reset(seed=seed)
+        assert parse_response(demo_response(search, 1, rng)).reasoning.startswith(search.question.question)
+
+
+def test_webshop_reasoning_names_the_product_and_each_option_before_buying():
+    env = make("webshop")
+    env.reset(seed=0)
+    reasons = []
+    while True:
+        parsed = parse_response(demo_response(env, 1, np.random.default_rng(0)))
+        reasons.append(parsed.reasoning)
+        if env.step(parsed.actions[0])[2]:
+            break
+    goal = env.goal
+    assert reasons[0] == f"I need {' '.join([*goal.attributes, goal.type.name, *(v for _, v in goal.options)])}."
+    assert reasons[1].endswith(f"{goal.type.name} is {goal.asin}.")
+    assert reasons[2:-1] == [f"The instruction asks for {value}." for _, value in goal.options]
+    assert reasons[-1] == "Every option is chosen; I buy it."
 
 
 @pytest.mark.parametrize("env_name", ["sokoban", "frozenlake", "bandit"])
@@ -89,7 +138,7 @@ def test_sokoban_known_room_names_box_target_push_and_the_shortest_moves():
     env = SokobanEnv.from_text("######\n#P___#\n#_X__#\n#_O__#\n#____#\n######")
     assert demo_response(env, 2, np.random.default_rng(0)) == (
         "Player at (row 1, col 1); box at (row 2, col 2); target at (row 3, col 2). "
-        "Push it Down from (row 1, col 2).</think><answer>Right || Down</answer>"
+        "Push it Down from (row 1, col 2). Row 1 to 1: stay. Col 1 to 2: right.</think><answer>Right || Down</answer>"
     )
 
 
@@ -100,8 +149,9 @@ def test_frozenlake_reasoning_names_goal_direction_and_only_real_holes():
         env.reset(seed=seed)
         reasoning = parse_response(demo_response(env, 2, rng)).reasoning
         (pr, pc), (gr, gc) = env.player, env.goal
-        assert ("down" in reasoning) == (gr > pr) and ("up" in reasoning) == (gr < pr)
-        assert ("right" in reasoning) == (gc > pc) and ("left" in reasoning) == (gc < pc)
+        rows = "down" if gr > pr else "up" if gr < pr else "stay"
+        cols = "right" if gc > pc else "left" if gc < pc else "stay"
+        assert f"Row {pr} to {gr}: {rows}. Col {pc} to {gc}: {cols}." in reasoning
         if "hole at" in reasoning:
             assert any(f"hole at (row {r}, col {c})" in reasoning for r, c in env.holes)
 

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ragen2.agent import GenerationOutput, RolloutConfig, rollout
+from ragen2.envs import make
 from ragen2.errors import ConfigError
 from ragen2.models import warmstart as ws
 from ragen2.models.demos import play_demo
@@ -125,22 +126,28 @@ def test_sft_loss_falls(tmp_path):
     assert info["sft_loss_final"] < 0.7 * info["sft_loss_initial"], info
 
 
-def test_batch_loss_with_a_shared_prefix_equals_a_plain_forward_pass(built):
-    """The prefix-cached loss (fast) against one padded forward over whole sequences (reference)."""
+def test_mixed_loss_with_shared_prefixes_equals_a_plain_forward_pass(built):
+    """The prefix-cached loss over a batch split by environment (fast) against one padded forward
+    over the same sequences (reference): same loss, same gradients."""
     config = ws.WarmStartConfig(seed=0, **TINY)
     tokenizer = AutoTokenizer.from_pretrained(built)
     model = AutoModelForCausalLM.from_pretrained(built)
-    samples = [s for ep in ws.make_demos(config, np.random.default_rng(0)) for s in ep.conversation(tokenizer).samples()]
-    batches = ws._length_buckets(samples, 4096, np.random.default_rng(0))
-    assert all(len({tuple(samples[i][0][:20]) for i in b}) == 1 for b in batches)  # one system prompt per batch
-    for indices in batches[:4]:
-        batch = [samples[i] for i in indices]
+    demos = ws.make_demos(config, np.random.default_rng(0))
+    by_env = [[s for ep in demos if ep.env_name == name for s in ep.conversation(tokenizer).samples()] for name in config.envs]
+    rng = np.random.default_rng(0)
+    samples = [s for env_samples in by_env for s in env_samples]
+    batches = ws._length_buckets(samples, 2048, rng)
+    assert sorted(i for b in batches for i in b) == list(range(len(samples)))  # an epoch: every sample once
+    assert all(len(b) == 1 or len(b) * max(len(samples[i][0]) for i in b) <= 2048 for b in batches)
+    for k in range(3):  # a batch with a few sequences of several environments
+        parts = [[s for s in env_samples[k::7]][:3] for env_samples in by_env]
+        parts = [part for part in parts if part]
         model.zero_grad()
-        fast = ws.batch_loss(model, batch, tokenizer.pad_token_id)
+        fast = ws.mixed_loss(model, parts, tokenizer.pad_token_id)
         fast.backward()
         fast_grads = [p.grad.clone() for p in model.parameters()]
         model.zero_grad()
-        ids, mask, attention = ws._pad(batch, tokenizer.pad_token_id)
+        ids, mask, attention = ws._pad([s for part in parts for s in part], tokenizer.pad_token_id)
         logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]
         scored = mask[:, 1:].bool()
         reference = F.cross_entropy(logits[scored], ids[:, 1:][scored])
@@ -175,3 +182,32 @@ def test_demonstration_samples_equal_what_a_rollout_of_the_same_responses_stores
         (traj,) = rollout(ScriptedBackend(tokenizer, responses), tokenizer, env_name, {}, [seed], [0], RolloutConfig())
         assert traj.success == episode.success and len(traj.turns) == len(episode.turns)
         assert traj.samples == episode.conversation(tokenizer).samples()
+
+
+def test_the_two_built_in_warm_starts_cover_every_env_in_its_preset_turn_layout():
+    """Default: the grid envs and Bandit; `tiny:countdown,...`: the other five, which their presets use."""
+    from ragen2.config import load_config
+    from ragen2.envs import names
+    from ragen2.models.demos import ORACLES
+
+    config = ws.WarmStartConfig()
+    assert config.envs == ws.CORE_ENVS
+    assert sorted(ws.CORE_ENVS + ws.TOOL_ENVS) == sorted(names())
+    assert {cls for cls in ORACLES} >= {type(make(name, **config.env_kwargs.get(name, {}))) for name in names()}
+    for name in names():
+        expected_path = None if name in ws.CORE_ENVS else "tiny:" + ",".join(ws.TOOL_ENVS)
+        assert load_config(name).model.path == expected_path, name
+        rollout_cfg = load_config(name).rollout
+        assert config.env_turns[name] == (rollout_cfg.max_turns, rollout_cfg.max_actions_per_turn), name
+
+
+def test_episode_shares_scale_each_env_and_keep_at_least_one_episode():
+    config = ws.WarmStartConfig(
+        envs=("bandit", "countdown"), episodes_per_env=10, episode_shares={"countdown": 0.01}, env_kwargs={}
+    )
+    demos = ws.make_demos(config, np.random.default_rng(0))
+    assert [d.env_name for d in demos] == ["bandit"] * 10 + ["countdown"]
+    with pytest.raises(ConfigError, match="episode_shares"):
+        ws.WarmStartConfig(episode_shares={"math": 0})
+    with pytest.raises(ConfigError, match="env_turns"):
+        ws.WarmStartConfig(env_turns={"math": (0, 1)})
