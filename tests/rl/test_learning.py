@@ -52,10 +52,35 @@ def _train(policy: Path, run_dir: Path, preset: str, steps: int, *overrides: str
     return evals[0], evals[-1]
 
 
+# Bandit groups share the env seed, so the risky arm pays the same to every member of a group:
+# only groups where it paid 1.0 and both arms were pulled have reward variance above
+# filter.eps (0 vs 0.1 has variance ~0.003), i.e. a few groups per step. Many small groups
+# give the filter more of them; a second epoch gets more out of each.
+# NOT YET TUNED TO PASS: at 30 steps these settings reached 0.745 (GRPO) / 0.785 (PPO).
+BANDIT_RL = ("trainer.eval_episodes=200", "optim.lr=5e-4", "rollout.num_groups=64", "rollout.group_size=4",
+             "algo.ppo_epochs=2")
+
+
 @pytest.mark.parametrize("algo", ["grpo", "ppo"])
 def test_bandit_learns_the_high_expected_value_arm(bandit_policy, tmp_path, algo):
-    before, after = _train(
-        bandit_policy, tmp_path, f"bandit-{algo}", 20, "trainer.eval_episodes=200", "optim.lr=5e-4",
-    )
+    before, after = _train(bandit_policy, tmp_path, f"bandit-{algo}", 40, *BANDIT_RL)
     assert before["eval/success_rate"] < 0.7
     assert after["eval/success_rate"] >= 0.8, (before, after)
+
+
+@pytest.fixture(scope="module")
+def frozenlake_policy(tmp_path_factory) -> Path:
+    # Weak on purpose (about 0.2 held-out success on the 4x4 no-slip lake), so RL has room to improve.
+    return warmstart(tmp_path_factory.mktemp("warmstart") / "frozenlake", envs=("frozenlake",),
+                     episodes_per_env=1000, steps=400, num_layers=2, batch_tokens=2048, lr=1e-2, warmup_steps=50)
+
+
+def test_frozenlake_success_rises_by_more_than_three_standard_errors(frozenlake_policy, tmp_path):
+    # The `frozenlake` preset is the paper's 4x4 lake without slip; GRPO with the paper's filter.
+    # NOT YET TUNED TO PASS: 0.195 -> 0.310 at step 20 (+0.115, 3 SE = 0.13), 0.260 at step 40.
+    before, after = _train(
+        frozenlake_policy, tmp_path, "frozenlake-grpo", 20, "trainer.eval_episodes=200", "optim.lr=5e-4",
+    )
+    gain = after["eval/success_rate"] - before["eval/success_rate"]
+    stderr = math.sqrt(before["eval/success_stderr"] ** 2 + after["eval/success_stderr"] ** 2)
+    assert gain > 3 * stderr, (before, after)
