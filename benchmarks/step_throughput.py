@@ -9,7 +9,7 @@ trainer's own `timing_s/*` metrics. Reported, as means over the measured steps (
 the model's share of the rollout) and per second of step time, episodes per second, and
 every phase's seconds and share of the step. The collapse diagnostics run at step 1 and every
 `collapse.compute_freq` (5) steps, so with the default 3 steps they fall on the warm-up step
-only; `diagnose` is then reported from the step(s) it ran on, flagged, and the step time is
+only; `collapse` is then reported from the step(s) it ran on, flagged, and the step time is
 also given without it (`step_s_without_diagnose`), which is the step time of the 4 in 5 steps
 that do not compute it. `--steps 5` or more also measures a diagnose step.
 
@@ -83,7 +83,7 @@ QUIET = ["trainer.eval_every=0", "trainer.save_every=0", "logging.progress=false
 BANDIT_PRESET = "bandit"
 
 # The trainer's phases in the order a step runs them (ragen2/rl/trainer.py); `generate` is part of `rollout`.
-PHASE_ORDER = ("rollout", "generate", "diagnose", "filter", "grad_snr", "advantage", "update", "evaluate")
+PHASE_ORDER = ("rollout", "generate", "collapse", "filter", "grad_snr", "advantage", "update", "evaluate")
 
 
 # ----------------------------------------------------------------------------- shared
@@ -137,7 +137,7 @@ def run_default(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
     phases = [p for p in PHASE_ORDER if p in found] + sorted(found - set(PHASE_ORDER))
     step_s = [step_time(r) for r in measured]
     step_mean = _mean(step_s)
-    without_diagnose = [step_time(r) - (r.get("timing_s/diagnose") or 0.0) for r in measured]
+    without_diagnose = [step_time(r) - (r.get("timing_s/collapse") or 0.0) for r in measured]
     phase_rows = {}
     for phase in phases:
         key = f"timing_s/{phase}"
@@ -181,8 +181,8 @@ def run_default(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
         "step_s_std": _std(step_s),
         "step_s_without_diagnose": _mean(without_diagnose),
         "diagnose_compute_freq": config.collapse.compute_freq if config.collapse.enable else None,
-        "diagnose_s_amortised_per_step": (phase_rows["diagnose"]["mean_s_when_run"] / config.collapse.compute_freq
-                                          if "diagnose" in phase_rows else 0.0),
+        "diagnose_s_amortised_per_step": (phase_rows["collapse"]["mean_s_when_run"] / config.collapse.compute_freq
+                                          if "collapse" in phase_rows else 0.0),
         "filter_skipped_steps": [r["step"] for r in measured if r.get("filter/skipped")],
         "generated_tokens_per_step": _mean(tokens),
         "tokens_per_generate_s": sum(tokens) / sum(generate_s) if sum(generate_s) else float("nan"),
@@ -210,7 +210,7 @@ def print_default(result: dict[str, Any]) -> None:
         rows.append([name, f"{row['mean_s_when_run']:.3f}", f"{100 * row['share_of_step']:.1f}%", note])
     print()
     print(_table(["phase", "s (when run)", "share of step", "ran on"], rows))
-    if "diagnose" in result["phases"]:
+    if "collapse" in result["phases"]:
         print(f"diagnose runs every {result['diagnose_compute_freq']} steps (and at step 1): "
               f"{result['diagnose_s_amortised_per_step']:.3f} s per step amortised")
     if result["filter_skipped_steps"]:

@@ -108,7 +108,7 @@ def test_without_trl_part_2_says_how_to_install_it(bench, policy_dir, monkeypatc
     assert "pip install 'ragen2[trl]'" in printed
     result = json.loads(out.read_text())
     assert result["default"]["step_s"] > 0 and "rollout" in result["default"]["phases"]
-    assert result["default"]["phases"]["diagnose"]["from_warmup_step"]  # step 1 only, the warm-up step
+    assert result["default"]["phases"]["collapse"]["from_warmup_step"]  # step 1 only, the warm-up step
     assert "skipped" in result["trl_comparison"]
 
 

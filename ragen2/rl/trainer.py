@@ -3,7 +3,7 @@
 One step is a list of named, timed phases (each logged as `timing_s/<phase>`):
 
     rollout    play P groups x G episodes with the current policy (ragen2.agent.rollout)
-    diagnose   MI proxies of template collapse on the whole batch (ragen2.collapse.online)
+    collapse   MI proxies of template collapse on the whole batch (ragen2.collapse.online)
     filter     keep the groups whose returns vary most (ragen2.filtering, RAGEN-2 §6)
     grad_snr   every `grad_snr.freq` steps when enabled: task / KL / entropy gradient
                norms per reward-variance bucket, no optimizer step (ragen2.collapse.grad_snr)
@@ -157,7 +157,7 @@ def training_step(run: Run, step: int, interrupts: _Interrupts) -> dict[str, flo
     with timer("rollout"):
         trajectories, metrics = rollout_phase(run, step)
     if run.diagnostics.should_run(step):
-        with timer("diagnose"):
+        with timer("collapse"):
             metrics |= diagnose_phase(run, trajectories, step)
     with timer("filter"):
         kept, filter_metrics = filter_phase(run, trajectories)
