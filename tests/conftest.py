@@ -7,16 +7,24 @@ import pytest
 
 from ragen2.models.tiny import build_model, build_tokenizer
 
+# Bandit's instruction, prompt and a well-formed answer: enough text for a tokenizer whose
+# random policy can be rolled out on Bandit.
+BANDIT_CORPUS = [
+    "You are playing a two-armed bandit. Pull one arm to get a reward. Arms: Dragon, Turtle.",
+    "Turn 1:\nState:\nArms: Dragon, Turtle. Which arm do you pull?\nYou have 1 actions left.",
+    "<think>The arms are Dragon and Turtle. I try Dragon.</think><answer>Dragon</answer>",
+] * 10
+
 
 @pytest.fixture(scope="session")
 def save_random_policy() -> Callable:
-    """`save(path, corpus) -> (model, tokenizer)`: a tiny random Qwen2 policy, tokenizer trained on `corpus`, saved at `path`.
+    """`save(path, corpus=BANDIT_CORPUS) -> (model, tokenizer)`: a tiny random Qwen2 policy, tokenizer trained on `corpus`, saved at `path`.
 
     Random weights generate well-formed text only by chance: tests that need a policy's
     *behaviour* use a warm start instead.
     """
 
-    def save(path: Path, corpus: list[str]):
+    def save(path: Path, corpus: list[str] = BANDIT_CORPUS):
         tokenizer = build_tokenizer(corpus, vocab_size=300)
         model = build_model(tokenizer, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64)
         model.save_pretrained(path)

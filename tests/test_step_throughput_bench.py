@@ -15,12 +15,6 @@ from ragen2.agent.types import GenerationOutput
 from ragen2.config import load_config
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "step_throughput.py"
-CORPUS = [
-    "You are playing a two-armed bandit. Pull one arm to get a reward. Arms: Dragon, Turtle.",
-    "Turn 1:\nState:\nArms: Dragon, Turtle. Which arm do you pull?\nYou have 1 actions left.",
-    "<think>The arms are Dragon and Turtle. I try Dragon.</think><answer>Dragon</answer>",
-] * 10
-
 
 @pytest.fixture(scope="module")
 def bench():
@@ -33,7 +27,7 @@ def bench():
 @pytest.fixture(scope="module")
 def policy_dir(tmp_path_factory, save_random_policy) -> Path:
     path = tmp_path_factory.mktemp("policy")
-    save_random_policy(path, CORPUS)
+    save_random_policy(path)
     return path
 
 

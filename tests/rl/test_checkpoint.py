@@ -21,18 +21,12 @@ from ragen2.rl.checkpoint import latest_step, load_checkpoint, mark_latest, rng_
 from ragen2.tracking import read_events, read_metrics
 
 REPO = Path(ragen2.__file__).resolve().parents[1]
-CORPUS = [
-    "You are playing a two-armed bandit. Pull one arm to get a reward. Arms: Dragon, Turtle.",
-    "Turn 1:\nState:\nArms: Dragon, Turtle. Which arm do you pull?\nYou have 1 actions left.",
-    "<think>The arms are Dragon and Turtle. I try Dragon.</think><answer>Dragon</answer>",
-] * 10
-
 
 @pytest.fixture(scope="module")
 def policy(tmp_path_factory, save_random_policy):
     """A tiny random policy saved as a Hugging Face directory: (path, model, tokenizer)."""
     path = tmp_path_factory.mktemp("policy")
-    return path, *save_random_policy(path, CORPUS)
+    return path, *save_random_policy(path)
 
 
 def _saved(run_dir: Path, policy, step: int = 3) -> Path:

@@ -20,12 +20,6 @@ from ragen2.rl.batch import build_batch, response_logits
 from ragen2.tracking import read_events, read_metrics
 
 METRICS_DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
-CORPUS = [
-    "You are playing a two-armed bandit. Pull one arm to get a reward. Arms: Dragon, Turtle.",
-    "Turn 1:\nState:\nArms: Dragon, Turtle. Which arm do you pull?\nYou have 1 actions left.",
-    "<think>The arms are Dragon and Turtle. I try Dragon.</think><answer>Dragon</answer>",
-] * 10
-
 
 @pytest.fixture(autouse=True)
 def _single_thread(one_thread):
@@ -35,7 +29,7 @@ def _single_thread(one_thread):
 @pytest.fixture(scope="module")
 def policy_dir(tmp_path_factory, save_random_policy) -> Path:
     path = tmp_path_factory.mktemp("policy")
-    save_random_policy(path, CORPUS)
+    save_random_policy(path)
     return path
 
 
