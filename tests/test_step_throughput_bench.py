@@ -16,6 +16,7 @@ from ragen2.config import load_config
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "step_throughput.py"
 
+
 @pytest.fixture(scope="module")
 def bench():
     spec = importlib.util.spec_from_file_location("step_throughput", SCRIPT)

@@ -22,6 +22,7 @@ from ragen2.tracking import read_events, read_metrics
 
 REPO = Path(ragen2.__file__).resolve().parents[1]
 
+
 @pytest.fixture(scope="module")
 def policy(tmp_path_factory, save_random_policy):
     """A tiny random policy saved as a Hugging Face directory: (path, model, tokenizer)."""

@@ -21,6 +21,7 @@ from ragen2.tracking import read_events, read_metrics
 
 METRICS_DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 
+
 @pytest.fixture(autouse=True)
 def _single_thread(one_thread):
     """Every test here runs on one thread (see conftest.one_thread)."""
