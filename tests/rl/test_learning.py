@@ -35,8 +35,18 @@ def _single_thread(one_thread):
 @pytest.fixture(scope="module")
 def bandit_policy(tmp_path_factory) -> Path:
     # The Bandit oracle pulls a random arm, so the warm start knows the format, not the better arm.
-    return warmstart(tmp_path_factory.mktemp("warmstart") / "bandit", envs=("bandit",), episodes_per_env=500,
+    return _warmstart(tmp_path_factory.mktemp("warmstart") / "bandit", envs=("bandit",), episodes_per_env=500,
                      steps=800, **WARMSTART)
+
+
+def _warmstart(out: Path, **settings) -> Path:
+    """`warmstart` on one thread, like the tests: the weights depend on the thread count."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return warmstart(out, **settings)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _train(policy: Path, run_dir: Path, preset: str, steps: int, *overrides: str) -> tuple[dict, dict]:
@@ -77,7 +87,7 @@ def frozenlake_policy(tmp_path_factory) -> Path:
     # Part-way (about 0.37 held-out success on the 4x4 no-slip lake): it copies the coordinates
     # but often plans wrong, so RL has something to sharpen. 400 steps (0.2) copied wrong
     # coordinates, success by luck that RL did not raise; 1000 steps (0.48) did not move either.
-    return warmstart(tmp_path_factory.mktemp("warmstart") / "frozenlake", envs=("frozenlake",),
+    return _warmstart(tmp_path_factory.mktemp("warmstart") / "frozenlake", envs=("frozenlake",),
                      episodes_per_env=1000, steps=700, num_layers=2, batch_tokens=2048, lr=1e-2, warmup_steps=50)
 
 
