@@ -4,6 +4,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 
 from ragen2.models.tiny import build_model, build_tokenizer
 
@@ -32,3 +33,13 @@ def save_random_policy() -> Callable:
         return model, tokenizer
 
     return save
+
+
+@pytest.fixture
+def one_thread():
+    """The tiny test models run fastest on one thread, runs are then reproducible across machines,
+    and parallel tests do not fight for cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from ragen2.agent.types import Trajectory, Turn
 from ragen2.models.tiny import build_model, build_tokenizer
@@ -14,15 +13,6 @@ CORPUS = [
     "<think>Go left then up.</think><answer>Left || Up</answer>",
     "Arms: Dragon, Turtle. Which arm do you pull? The goal is at (row 3, col 2).",
 ] * 10
-
-
-@pytest.fixture
-def one_thread():
-    """A model this small runs fastest on one thread, and the tests then do not fight for cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")

@@ -29,7 +29,7 @@ WARMSTART = dict(num_layers=2, batch_tokens=1024, lr=5e-3, warmup_steps=20)
 
 @pytest.fixture(autouse=True)
 def _single_thread(one_thread):
-    """Every test here runs on one thread (see conftest.one_thread)."""
+    """Every test here runs on one thread (see tests/conftest.py, one_thread)."""
 
 
 @pytest.fixture(scope="module")

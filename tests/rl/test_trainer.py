@@ -24,7 +24,7 @@ METRICS_DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 
 @pytest.fixture(autouse=True)
 def _single_thread(one_thread):
-    """Every test here runs on one thread (see conftest.one_thread)."""
+    """Every test here runs on one thread (see tests/conftest.py, one_thread)."""
 
 
 @pytest.fixture(scope="module")
