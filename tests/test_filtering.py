@@ -20,7 +20,11 @@ from ragen2.filtering import (
     group_stats,
     loss_scale,
     select_groups,
+    select_trajectories,
 )
+
+# The rules whose `value` is a fraction and that keep a prefix of the ranking (quartile is neither).
+PREFIX_STRATEGIES = [s for s in STRATEGIES.names() if s != "quartile"]
 
 # The worked example of docs/filtering.md: 6 groups x 4 episodes.
 # Reward variances (ddof=1):
@@ -191,7 +195,8 @@ def test_all_zero_variance():
     assert kept(rewards, strategy="top_k", value=0.5) == [0, 1]
     # The paper's setting drops every group: empty, and the trainer skips the step.
     for strategy in STRATEGIES:
-        out = select_groups(rewards, strategy=strategy, value=0.5, include_zero=False)
+        value = 1 if strategy == "quartile" else 0.5
+        out = select_groups(rewards, strategy=strategy, value=value, include_zero=False)
         assert out.dtype == np.int64 and out.shape == (0,)
 
 
@@ -412,7 +417,7 @@ def reference_ranking(
 @settings(max_examples=300, deadline=None)
 @given(
     rewards=reward_matrix,
-    strategy=st.sampled_from(STRATEGIES.names()),
+    strategy=st.sampled_from(PREFIX_STRATEGIES),
     value=unit.filter(lambda v: v > 0),
     include_zero=st.booleans(),
     order=st.sampled_from(ORDERS),
@@ -469,7 +474,7 @@ def test_top_k_count_and_min_p_threshold(rewards, value, include_zero):
 @settings(max_examples=100, deadline=None)
 @given(
     rewards=reward_matrix,
-    strategy=st.sampled_from(STRATEGIES.names()),
+    strategy=st.sampled_from(PREFIX_STRATEGIES),
     value=unit.filter(lambda v: v > 0),
 )
 def test_selection_does_not_depend_on_group_order_without_ties(rewards, strategy, value):
@@ -485,7 +490,87 @@ def test_selection_does_not_depend_on_group_order_without_ties(rewards, strategy
 def test_every_metric_and_strategy_runs():
     scores = np.arange(6.0)
     for metric in METRICS:
-        for strategy in STRATEGIES:
+        for strategy in PREFIX_STRATEGIES:
             extra = {"scores": scores} if metric in ("length", "entropy") else {}
             out = select_groups(WORKED, strategy=strategy, value=0.5, metric=metric, **extra)
             assert 1 <= len(out) <= 6
+
+
+# ----------------------------------------------------------------------------- quartiles
+
+
+@pytest.mark.parametrize(
+    ("include_zero", "order", "expected"),
+    [
+        # Ranked g4, g2, g1, g5, g0, g3: six candidates cut 2, 2, 1, 1 (array_split).
+        (True, "largest", [[2, 4], [1, 5], [0], [3]]),
+        # Lowest first (ties by index): g0, g3, g5, g1, g2, g4.
+        (True, "smallest", [[0, 3], [1, 5], [2], [4]]),
+        # Candidates g4, g2, g1 (g0, g3, g5 have RV <= 0.01): one each, Q4 empty.
+        (False, "largest", [[4], [2], [1], []]),
+    ],
+)
+def test_quartile_worked(include_zero, order, expected):
+    for q in (1, 2, 3, 4):
+        assert kept(WORKED, strategy="quartile", value=q, include_zero=include_zero, order=order) == expected[q - 1]
+
+
+def test_quartiles_partition_eight_groups_by_rv():
+    # Group i has returns [0, i]: RV = i^2 / 2, so group 7 has the highest.
+    rewards = np.array([[0.0, float(i)] for i in range(8)])
+    quarters = [kept(rewards, strategy="quartile", value=q) for q in (1, 2, 3, 4)]
+    assert quarters == [[6, 7], [4, 5], [2, 3], [0, 1]]
+    assert kept(rewards, strategy="quartile", value=4.0) == [0, 1]  # YAML gives a float
+
+
+@pytest.mark.parametrize("value", [0, 5, 0.5, 2.5, True, "1"])
+def test_quartile_value_must_be_one_to_four(value):
+    with pytest.raises(ConfigError, match=rf"filter value {value!r} .*'quartile'.*1 \(the highest scores\)"):
+        select_groups(WORKED, strategy="quartile", value=value)
+
+
+# ----------------------------------------------------------------------------- trajectory level
+
+
+def test_select_trajectories_worked():
+    rewards = np.array(
+        [
+            # Ascending order 0,0,0,1,1,5,10,10; k = 4. Variances (population) of j lowest + 4-j highest:
+            # j=0 {1,5,10,10} 14.25, j=1 {0,5,10,10} 17.19, j=2 {0,0,10,10} 25, j=3 {0,0,0,10} 18.75, j=4 ~0.19.
+            [10, 0, 1, 0, 5, 1, 0, 10],
+            # j=1 {0,10,10,10} 18.75 beats j=2 {0,9,10,10} 17.69 and j=3 {0,9,9,10} 16.5: not always 2 + 2.
+            [0, 9, 10, 10, 10, 10, 9, 9],
+            # Every split but j=4 gives {0,0,0,10}: the tie goes to the balanced one, bottom 2 + top 2 by index.
+            [0, 0, 0, 0, 0, 0, 0, 10],
+        ]
+    )
+    mask = select_trajectories(rewards, 0.5)
+    assert mask.dtype == bool and mask.shape == (3, 8)
+    assert [np.flatnonzero(row).tolist() for row in mask] == [[0, 1, 3, 7], [0, 3, 4, 5], [0, 1, 6, 7]]
+
+
+def test_select_trajectories_counts():
+    rewards = np.arange(24.0).reshape(3, 8)
+    assert select_trajectories(rewards, 1.0).all()
+    assert (select_trajectories(rewards, 0.75).sum(axis=1) == 6).all()
+    assert (select_trajectories(rewards, 0.01).sum(axis=1) == 2).all()  # at least 2: a group baseline needs two
+    assert (select_trajectories(rewards[:, :2], 0.5).sum(axis=1) == 2).all()
+
+
+@pytest.mark.parametrize("keep", [0, 1.5, -0.5, True, "0.5"])
+def test_select_trajectories_bad_keep(keep):
+    with pytest.raises(ConfigError, match=rf"trajectory keep {keep!r} must be a fraction in \(0, 1\]"):
+        select_trajectories(WORKED, keep)
+
+
+@settings(max_examples=150, deadline=None)
+@given(rewards=reward_matrix, keep=unit.filter(lambda v: v > 0))
+def test_select_trajectories_maximises_variance(rewards, keep):
+    """Slow reference: the best variance over every k-subset equals the selected subset's."""
+    import itertools
+
+    mask = select_trajectories(rewards, keep)
+    for row, chosen in zip(rewards, mask):
+        k = int(chosen.sum())
+        best = max(np.var(row[list(c)]) for c in itertools.combinations(range(len(row)), k))
+        assert np.var(row[chosen]) == pytest.approx(best, rel=1e-9, abs=1e-9)

@@ -2,6 +2,10 @@
 
 `HFBackend` runs Hugging Face `model.generate` (batched, KV cache, CPU or CUDA). A vLLM
 backend plugs in by implementing the same `generate` method.
+
+Per-prompt `seeds` make a prompt's sample a function of (prompt, seed) alone, whatever else
+is in the batch: this is what lets P x G episodes split over several processes sample what
+one process would (ragen2.rl.distributed).
 """
 
 from __future__ import annotations
@@ -10,10 +14,14 @@ from typing import Protocol, runtime_checkable
 
 import torch
 from transformers import (
+    LogitsProcessor,
+    LogitsProcessorList,
     PreTrainedModel,
     PreTrainedTokenizerBase,
     StoppingCriteria,
     StoppingCriteriaList,
+    TemperatureLogitsWarper,
+    TopPLogitsWarper,
 )
 
 from ragen2.agent.types import GenerationOutput
@@ -24,13 +32,21 @@ class GenerationBackend(Protocol):
     """Anything that continues token-id prompts."""
 
     def generate(
-        self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float, top_p: float
+        self,
+        prompts: list[list[int]],
+        *,
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float,
+        seeds: list[int] | None = None,
     ) -> list[GenerationOutput]:
         """One output per prompt, in the order of `prompts`.
 
         `token_ids` holds only new tokens, ending with the stop token when one was produced
         (finish_reason "stop") or after `max_new_tokens` tokens (finish_reason "length").
-        `temperature == 0` means greedy decoding.
+        `temperature == 0` means greedy decoding. `seeds` (one per prompt, optional): prompt
+        i is sampled from its own random stream seeded by `seeds[i]`, independent of the
+        other prompts of the call.
         """
         ...
 
@@ -43,6 +59,35 @@ class _StopOnTokens(StoppingCriteria):
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor | None, **kwargs) -> torch.BoolTensor:
         return torch.isin(input_ids[:, -1], self.token_ids.to(input_ids.device))  # [B]
+
+
+class _SeededSampler(LogitsProcessor):
+    """Samples each row from its own random stream and forces `generate` to pick that token.
+
+    Applies temperature and top-p with transformers' own warpers, then draws row r's token by
+    inverting the cumulative distribution at `uniforms[r, t]` (t = tokens generated so far)
+    and returns scores that are -inf everywhere else. `generate` runs greedy over them, so
+    none of its processors run after this one. Greedy, not sampling mode: in transformers 5
+    custom processors run *before* the sampling warpers, which would see only the forced token.
+    """
+
+    def __init__(self, uniforms: torch.Tensor, prompt_width: int, temperature: float, top_p: float):
+        self.uniforms = uniforms  # [B, max_new_tokens] in [0, 1)
+        self.prompt_width = prompt_width
+        self.warpers = [TemperatureLogitsWarper(temperature)] + ([TopPLogitsWarper(top_p)] if top_p < 1 else [])
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        for warp in self.warpers:
+            scores = warp(input_ids, scores)
+        probs = scores.float().softmax(dim=-1)  # [B, V]
+        cdf = probs.cumsum(dim=-1)  # [B, V]
+        u = self.uniforms[:, input_ids.shape[1] - self.prompt_width].to(cdf)  # [B]
+        # First index whose cdf exceeds u * total: zero-probability tokens (flat cdf) are never hit,
+        # except past the end, where a u that rounds to 1 in float32 lands: take the last possible token.
+        token = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True)  # [B, 1]
+        last = cdf.shape[1] - 1 - (probs.flip(-1) > 0).int().argmax(dim=-1, keepdim=True)  # [B, 1]
+        token = torch.minimum(token, last)
+        return torch.full_like(scores, -float("inf")).scatter_(1, token, 0.0)
 
 
 class HFBackend:
@@ -60,8 +105,11 @@ class HFBackend:
             prompt pass's attention scores grow with rows x length^2, so without a cap a
             batch of long prompts (WebShop pages, long histories) can take tens of GB.
 
-    Sampling draws from torch's global RNG: call `torch.manual_seed` before a rollout to
-    repeat it (with the same batch composition; padding changes the float arithmetic).
+    Without `seeds`, sampling draws from torch's global RNG: call `torch.manual_seed` before
+    a rollout to repeat it (with the same batch composition). With `seeds`, each prompt has
+    its own stream (`_SeededSampler`), so its sample does not depend on the batch; padding
+    still changes the logits in the last float bits, which can flip a token only when its
+    uniform draw falls within that distance of a boundary of the cumulative distribution.
     The distribution is exactly softmax(logits / temperature) restricted to `top_p`:
     top-k, repetition penalties and other defaults of a checkpoint's
     `generation_config.json` are switched off, so a policy-gradient update sees the
@@ -98,18 +146,29 @@ class HFBackend:
                 self.stop_texts.append(s)
 
     def generate(
-        self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float, top_p: float
+        self,
+        prompts: list[list[int]],
+        *,
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float,
+        seeds: list[int] | None = None,
     ) -> list[GenerationOutput]:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={max_new_tokens} is not allowed: use an integer >= 1")
         if temperature < 0 or not 0 < top_p <= 1:
             raise ValueError(f"temperature={temperature}, top_p={top_p}: need temperature >= 0 and 0 < top_p <= 1")
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts: pass one seed per prompt, or None")
         outputs: list[GenerationOutput | None] = [None] * len(prompts)
         was_training = self.model.training
         self.model.eval()
         try:
             for chunk in self._chunks(prompts):
-                batch = self._generate_batch([prompts[i] for i in chunk], max_new_tokens, temperature, top_p)
+                uniforms = None
+                if seeds is not None and temperature > 0:
+                    uniforms = torch.stack([_uniforms(seeds[i], max_new_tokens) for i in chunk])  # [b, max_new_tokens]
+                batch = self._generate_batch([prompts[i] for i in chunk], max_new_tokens, temperature, top_p, uniforms)
                 for i, out in zip(chunk, batch):
                     outputs[i] = out
         finally:
@@ -129,7 +188,8 @@ class HFBackend:
         return chunks
 
     def _generate_batch(
-        self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float
+        self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
+        uniforms: torch.Tensor | None = None,
     ) -> list[GenerationOutput]:
         width = max(len(p) for p in prompts)
         device = self.model.device
@@ -144,18 +204,21 @@ class HFBackend:
         warpers = {"temperature": temperature, "top_p": top_p, "top_k": 0, "min_p": 0.0, "typical_p": 1.0}
         criteria = StoppingCriteriaList([_StopOnTokens(self.stop_ids)] if self.stop_ids else [])
         extra = {"stop_strings": self.stop_texts, "tokenizer": self.tokenizer} if self.stop_texts else {}
+        sample = temperature > 0 and uniforms is None
+        if uniforms is not None:  # per-row streams: the sampler draws, generate takes its one finite score
+            extra["logits_processor"] = LogitsProcessorList([_SeededSampler(uniforms, width, temperature, top_p)])
         out = self.model.generate(
             input_ids=input_ids,
             attention_mask=attention_mask,
             max_new_tokens=max_new_tokens,
             min_new_tokens=0,
-            do_sample=temperature > 0,
+            do_sample=sample,
             repetition_penalty=1.0,
             no_repeat_ngram_size=0,
             pad_token_id=self.pad_id,
             eos_token_id=self.eos_ids,
             stopping_criteria=criteria,
-            **(warpers if temperature > 0 else {}),
+            **(warpers if sample else {}),
             **extra,
         )  # [B, width + new]
         return [self._finish(row) for row in out[:, width:].tolist()]
@@ -190,3 +253,9 @@ class HFBackend:
             else:
                 lo = mid + 1
         return lo
+
+
+def _uniforms(seed: int, n: int) -> torch.Tensor:
+    """The first `n` uniforms of the stream seeded by `seed` ([n] float64, on the CPU so they
+    are the same on every device)."""
+    return torch.rand(n, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)

@@ -8,6 +8,7 @@ applied to the episode's environment. The generated token ids are kept as sample
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass
 
@@ -71,6 +72,7 @@ def rollout(
     group_ids: list[int],
     cfg: RolloutConfig,
     stats: RolloutStats | None = None,
+    sample_seeds: list[int] | None = None,
 ) -> list[Trajectory]:
     """Play one episode per seed with `ragen2.envs.make(env_name, **env_kwargs)`, returned in the order of `seeds`.
 
@@ -78,28 +80,36 @@ def rollout(
     the response is malformed or an action was invalid. Actions of a turn stop at the first
     invalid action or at the end of the episode. An environment that raises ends only its
     own episode, with `Trajectory.error` set. Pass `stats` to get the timing breakdown.
+
+    `sample_seeds` (one per episode) gives each episode its own sampling stream, turn by
+    turn (`turn_seed`), so an episode samples the same tokens whichever other episodes share
+    the call; without it the backend draws from torch's global RNG.
     """
     if len(seeds) != len(group_ids):
         raise ValueError(f"{len(seeds)} seeds but {len(group_ids)} group ids: pass one group id per seed")
+    if sample_seeds is not None and len(sample_seeds) != len(seeds):
+        raise ValueError(f"{len(sample_seeds)} sample seeds for {len(seeds)} episodes: pass one per episode, or None")
     stats = stats if stats is not None else RolloutStats()
     start = time.perf_counter()
     episodes = [
         _start_episode(env_name, env_kwargs, seed, gid, tokenizer, cfg, stats) for seed, gid in zip(seeds, group_ids)
     ]
     for turn in range(cfg.max_turns):
-        active = [e for e in episodes if not e.done]
+        active = [i for i, e in enumerate(episodes) if not e.done]
         if not active:
             break
-        for e in active:
-            e.conv.add_observation(e.observation, e.actions_left)
-        prompts = [e.conv.prompt_ids() for e in active]
+        for i in active:
+            episodes[i].conv.add_observation(episodes[i].observation, episodes[i].actions_left)
+        prompts = [episodes[i].conv.prompt_ids() for i in active]
+        turn_seeds = None if sample_seeds is None else [turn_seed(sample_seeds[i], turn) for i in active]
         t0 = time.perf_counter()
         outputs = backend.generate(
-            prompts, max_new_tokens=cfg.max_tokens_per_turn, temperature=cfg.temperature, top_p=cfg.top_p
+            prompts, max_new_tokens=cfg.max_tokens_per_turn, temperature=cfg.temperature, top_p=cfg.top_p,
+            **({} if turn_seeds is None else {"seeds": turn_seeds}),
         )
         stats.generate_s += time.perf_counter() - t0
         stats.generate_calls += 1
-        for e, prompt, out in zip(active, prompts, outputs):
+        for e, prompt, out in zip([episodes[i] for i in active], prompts, outputs):
             e.conv.add_response(out.token_ids, out.text)
             _play_turn(e, prompt, out.token_ids, out.text, tokenizer, cfg, stats)
             if not e.done and turn == cfg.max_turns - 1:
@@ -109,6 +119,12 @@ def rollout(
         e.traj.episode_return = sum(t.reward for t in e.traj.turns)
     stats.total_s += time.perf_counter() - start
     return [e.traj for e in episodes]
+
+
+def turn_seed(episode_seed: int, turn: int) -> int:
+    """The sampling seed of one turn of an episode: a 63-bit hash of (episode seed, turn)."""
+    digest = hashlib.sha256(f"{episode_seed}/{turn}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
 
 
 def _start_episode(

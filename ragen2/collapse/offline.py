@@ -10,6 +10,9 @@ TRL's GRPOTrainer completion logs (`log_completions=True`: `completions/completi
 the W&B table JSON, or a JSONL of rows with `prompt` and `completion`) are converted: one record
 per completion, group = identical prompt, reasoning = the text between `<think>` and `</think>`
 of the completion (the whole completion when it has no tags; the count is reported).
+verl's rollout dumps (`trainer.rollout_data_dir`: `N.jsonl` per step, rows with `input`, `output`,
+`score`, `step`) are converted the same way; rows of verl's current trainer carry their trajectory
+key `uid` = `{prompt uid}_{session}_{output}`, which gives group, episode and turn.
 
 The input X of a record is what the model saw before the reasoning:
 - a string prompt is used as-is, so it must already end where the reasoning starts (with
@@ -43,7 +46,7 @@ from ragen2.collapse.scoring import score_matrix
 from ragen2.errors import ConfigError, RolloutFormatError
 from ragen2.models.loading import DTYPES, resolve_device, resolve_model_path
 
-FORMATS = ("auto", "records", "ragen2", "trl")
+FORMATS = ("auto", "records", "ragen2", "trl", "verl")
 SCHEMES = ("first_turn", "trajectory", "pairs")
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")  # where chat parsers put the reasoning
 LISTED = 5  # bad lines named one by one in messages
@@ -68,7 +71,7 @@ class RolloutFile:
     """The readable records of a file and an account of everything that was not read."""
 
     path: Path
-    format: str  # "records" or "trl"
+    format: str  # "records", "trl" or "verl"
     records: list[Record]
     skipped: list[tuple[int, str]]  # (line or row, what is wrong with it)
     unit: str  # "line" or "row"
@@ -94,9 +97,12 @@ def read_rollouts(path: str | Path, format: str = "auto") -> RolloutFile:
     if not rows:
         raise RolloutFormatError(f"{path}: the file holds no records")
     if format == "auto":
-        format = "trl" if _looks_like_trl(path, rows) else "records"
-    format = "trl" if format == "trl" else "records"  # ragen2's rollout files are records
-    records, skipped, notes = _convert_trl(rows) if format == "trl" else (*_parse_records(rows), [])
+        format = "verl" if _looks_like_verl(path, rows) else "trl" if _looks_like_trl(path, rows) else "records"
+    format = format if format in ("trl", "verl") else "records"  # ragen2's rollout files are records
+    if format == "verl":
+        records, skipped, notes = _convert_verl(rows)
+    else:
+        records, skipped, notes = _convert_trl(rows) if format == "trl" else (*_parse_records(rows), [])
     if not records:
         problems = "; ".join(f"{unit} {n}: {why}" for n, why in skipped[:LISTED])
         raise RolloutFormatError(f"{path}: no usable record ({format} format) in {len(rows)} {unit}s. {problems}")
@@ -276,17 +282,56 @@ def split_completion(text: str) -> tuple[str, str, bool]:
     """(prefix, reasoning, tagged): the reasoning is between `<think>` and `</think>`, stripped.
 
     The prefix is everything the model wrote up to and including `<think>`; it goes into the
-    input. Without `<think>` but with `</think>` (templates that open the reasoning themselves)
-    the reasoning is what precedes `</think>`; with `<think>` but no `</think>` (cut off) it runs
-    to the end; with neither, the whole text is the reasoning and `tagged` is False.
+    input. Without `<think>` before the first `</think>` (templates or prompts that open the
+    reasoning themselves; a multi-turn completion holds the later turns' `<think>` after it)
+    the reasoning is what precedes that `</think>`; with `<think>` but no `</think>` (cut off) it
+    runs to the end; with neither, the whole text is the reasoning and `tagged` is False.
     """
     start = text.find(THINK_OPEN)
+    if 0 <= text.find(THINK_CLOSE) < start:  # the first turn's reasoning was opened by the prompt
+        start = -1
     end = text.find(THINK_CLOSE, max(start, 0))
     if start < 0 and end < 0:
         return "", text.strip(), False
     prefix = text[: start + len(THINK_OPEN)] if start >= 0 else ""
     body = text[len(prefix) : end if end >= 0 else len(text)]
     return prefix, body.strip(), True
+
+
+# ----------------------------------------------------------------------------- verl
+
+
+def _looks_like_verl(path: Path, rows: list[tuple[int, Any]]) -> bool:
+    """A JSONL is a verl rollout dump when its first object has verl's `input` and `output` keys."""
+    first = next((obj for _, obj in rows if isinstance(obj, dict)), {})
+    return path.suffix not in (".parquet", ".json") and "input" in first and "output" in first
+
+
+def _convert_verl(rows: list[tuple[int, Any]]) -> tuple[list[Record], list[tuple[int, str]], list[str]]:
+    """verl rollout-dump rows -> records: TRL's conversion of (input, output, score, step), then, for
+    rows that carry verl's trajectory key `uid` = `{uid}_{session}_{index}` (the current trainer),
+    group = uid, episode = session, turn = index. Without it (the older trainer) group = identical input.
+
+    verl decodes `input` with skip_special_tokens=True: the chat template's special tokens are not in
+    it, so every input is scored without them.
+    """
+    as_trl, skipped = [], []
+    for n, obj in rows:
+        if isinstance(obj, dict) and not ("input" in obj and "output" in obj):
+            skipped.append((n, "a verl rollout row needs 'input' and 'output'"))
+            continue
+        if isinstance(obj, dict):
+            obj = {"prompt": obj["input"], "completion": obj["output"], "reward": obj.get("score"),
+                   "step": obj.get("step")}
+        as_trl.append((n, obj))
+    records, bad, notes = _convert_trl(as_trl)
+    keys = {n: obj.get("uid") for n, obj in rows if isinstance(obj, dict)}
+    for record in records:
+        key = keys.get(record.line)
+        uid, session, index = key.rsplit("_", 2) if isinstance(key, str) and key.count("_") >= 2 else ("", "", "")
+        if index.isdigit():
+            record.group, record.episode, record.turn = uid, f"{uid}_{session}", int(index)
+    return records, sorted(skipped + bad), notes
 
 
 # ----------------------------------------------------------------------------- choosing pairs

@@ -6,13 +6,16 @@ reasonings short, so almost all of that work re-encodes the same P prompts. `sco
 each prompt once, keeps its key/value cache, and scores all M reasonings against copies of it in
 micro-batches. `score_matrix_naive` is the slow reference it is tested against.
 
-Works with any Hugging Face decoder-only causal LM whose forward takes `cache=` (transformers 5.x),
-including PEFT-wrapped ones. Scores are float32 log-softmax values summed in float64.
+Works with any Hugging Face decoder-only causal LM, including PEFT-wrapped ones. The cache goes
+in under the forward's own name for it (`cache` in recent transformers, `past_key_values` before):
+an unknown keyword would be swallowed by `**kwargs` and silently score without the prompt.
+Scores are float32 log-softmax values summed in float64.
 """
 
 from __future__ import annotations
 
 import copy
+import inspect
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -59,6 +62,7 @@ def score_matrix(
     device = _resolve_device(model, device)
     batches = list(_micro_batches(reasoning_ts, micro_batch_size, _pad_id(tokenizer_or_none), device))
     logp = np.empty((len(reasoning_ts), len(prompt_ts)), dtype=np.float64)
+    cache_arg = cache_keyword(model)
     was_training = model.training
     model.eval()
     try:
@@ -66,7 +70,7 @@ def score_matrix(
             for j, prompt in enumerate(prompt_ts):
                 prompt = prompt.to(device)[None]  # [1, Lp]
                 prefix_cache = DynamicCache(config=model.config)
-                out = model(input_ids=prompt, cache=prefix_cache, use_cache=True)
+                out = model(input_ids=prompt, use_cache=True, **{cache_arg: prefix_cache})
                 first_logp = torch.log_softmax(out.logits[0, -1].float(), dim=-1)  # [V], predicts Z[0]
                 for rows, tokens, mask in batches:
                     b, t = tokens.shape
@@ -75,7 +79,7 @@ def score_matrix(
                     attention_mask = torch.cat([mask.new_ones(b, prompt.shape[1]), mask], dim=1)  # [b, Lp+T]
                     positions = prompt.shape[1] + torch.arange(t, device=device).expand(b, t)  # [b, T]
                     logits = model(
-                        input_ids=tokens, attention_mask=attention_mask, position_ids=positions, cache=cache
+                        input_ids=tokens, attention_mask=attention_mask, position_ids=positions, **{cache_arg: cache}
                     ).logits  # [b, T, V]; logits[:, t] predicts tokens[:, t + 1]
                     token_logp = torch.cat(
                         [first_logp[tokens[:, :1]], _target_logp(logits[:, :-1], tokens[:, 1:])], dim=1
@@ -84,6 +88,13 @@ def score_matrix(
     finally:
         model.train(was_training)
     return logp[:, column_of]
+
+
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The forward's keyword for a key/value cache: `cache` (recent transformers) or `past_key_values` (older)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT forwards take **kwargs
+    params = inspect.signature(base.forward).parameters
+    return "past_key_values" if "past_key_values" in params and "cache" not in params else "cache"
 
 
 def score_matrix_naive(

@@ -233,12 +233,17 @@ def _argument(action: str) -> str:
 
 
 def countdown_demo(env: CountdownEnv, max_actions: int, rng: np.random.Generator) -> str:
-    """Restate the numbers and the target, then check the equation: `Numbers 9, 5; target 14. 9 + 5 = 14.`"""
+    """Restate the problem as shown, then the equation: `Numbers: 9, 5. Target: 14. 9 + 5 = 14.`
 
-    def explain(env: CountdownEnv, equation: str) -> str:
-        return f"Numbers {', '.join(map(str, env.numbers))}; target {env.target}. {equation} = {env.target}."
-
-    return solver_demo(env, max_actions, explain)
+    The restatement repeats the observation's exact words, so copying a number is matching the
+    word before it in the prompt. When the sum of all the numbers hits the target (about 4 in 10 small problems), that sum is
+    the demonstrated equation rather than the solver's shortest one: one pattern that holds across
+    many problems is something a small model can copy, where the solver's choice among equal
+    solutions looks arbitrary to it.
+    """
+    numbers, target = env.numbers, env.target
+    equation = " + ".join(map(str, numbers)) if sum(numbers) == target else _require(env.solve(), env)[0]
+    return _response(f"Numbers: {', '.join(map(str, numbers))}. Target: {target}. {equation} = {target}.", [equation])
 
 
 def math_demo(env: MathEnv, max_actions: int, rng: np.random.Generator) -> str:

@@ -63,6 +63,14 @@ CELL_PATTERN = re.compile(r"\(row \d+, col \d+\)")
 CORE_ENVS = ("sokoban", "frozenlake", "bandit")
 TOOL_ENVS = ("countdown", "math", "searchqa", "code", "webshop")
 
+# Warm starts whose environments need more than the defaults. Countdown alone (its preset's
+# policy, `tiny:countdown`): restating the numbers and copying them into the equation took
+# 4 layers (2 layers wrote numbers that were not in the problem) and many distinct problems
+# (12000; with 2000 the model learned them, not the copying). 6000 steps did worse than 3000.
+POLICY_SETTINGS: dict[tuple[str, ...], dict[str, Any]] = {
+    ("countdown",): {"num_layers": 4, "episodes_per_env": 12000, "episode_shares": {"countdown": 1.0}},
+}
+
 DEFAULT_ENV_KWARGS: dict[str, dict[str, Any]] = {
     "countdown": {"min_numbers": 2, "max_numbers": 3, "max_value": 9, "max_target": 30},
     "math": {"dataset_kwargs": {"min_terms": 2, "max_terms": 2, "max_digits": 1}},
@@ -162,7 +170,7 @@ def cache_path(config: WarmStartConfig, cache_dir: str | Path | None = None) -> 
 
 def ensure_tiny_policy(seed: int = 0, cache_dir: str | Path | None = None, envs: tuple[str, ...] = CORE_ENVS) -> Path:
     """The directory of the tiny policy warm-started on `envs`, built on first use and cached after."""
-    return warmstart(cache_path(WarmStartConfig(seed=seed, envs=envs), cache_dir), seed=seed, envs=envs)
+    return warmstart(cache_path(_make_config(seed, {"envs": envs}), cache_dir), seed=seed, envs=envs)
 
 
 def warmstart(out_dir: str | Path | None = None, seed: int = 0, force: bool = False, **settings: Any) -> Path:
@@ -207,11 +215,13 @@ def warmstart(out_dir: str | Path | None = None, seed: int = 0, force: bool = Fa
 
 
 def _make_config(seed: int, settings: dict[str, Any]) -> WarmStartConfig:
+    """`settings` over the defaults of their `envs` (POLICY_SETTINGS) over WarmStartConfig's."""
     names = [f.name for f in dataclasses.fields(WarmStartConfig)]
     for key in settings:
         if key not in names or key == "seed":
             raise ConfigError(f"unknown warmstart setting {key!r}; valid: {', '.join(n for n in names if n != 'seed')}." + did_you_mean(key, names))
-    return WarmStartConfig(seed=seed, **settings)
+    envs = tuple(settings.get("envs", CORE_ENVS))
+    return WarmStartConfig(seed=seed, **(POLICY_SETTINGS.get(envs, {}) | settings))
 
 
 def _stored_key(path: Path) -> str | None:

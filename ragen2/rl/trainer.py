@@ -17,11 +17,16 @@ ragen2.rl.guards) read the step's metrics; one that fires ends the run after thi
 with a checkpoint and an `early_stop` event.
 
 Reproducibility: all randomness of a step is drawn from seeds derived from
-(`trainer.seed`, step): the environment seeds, torch's sampling RNG before the rollout and
-before evaluation, and the mini-batch order. Nothing carries over from one step to the next
+(`trainer.seed`, step): the environment seeds, each episode's sampling stream (torch's
+global RNG for evaluation), and the mini-batch order. Nothing carries over from one step to the next
 except the weights and optimizer state, which checkpoints hold, so a run resumed from a
 checkpoint samples and updates exactly as the uninterrupted run would (bit for bit on CPU;
 GPU kernels may differ in the last bits).
+
+Data parallelism: under `torchrun` or `accelerate launch` each process rolls out its share of
+the groups and the phases run on the gathered batch, so N processes select the same groups,
+log the same metrics and apply the same updates as one process with the same config, up to
+float rounding (ragen2.rl.distributed, docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -47,7 +52,8 @@ import torch.nn.functional as F
 import yaml
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ragen2.agent import HFBackend, RolloutStats, Trajectory, group_seeds, rollout, summarize
+from ragen2.agent import GenerationBackend, HFBackend, RolloutStats, Trajectory, group_seeds, rollout, summarize
+from ragen2.agent.vllm_backend import VLLMBackend
 from ragen2.collapse.alarm import AlarmDecision
 from ragen2.collapse.grad_snr import grad_snr_probe, group_reward_variance
 from ragen2.collapse.online import OnlineDiagnostics
@@ -55,8 +61,9 @@ from ragen2.config import Config, save_config, to_dict
 from ragen2.envs import EVAL_SEED_OFFSET
 from ragen2.errors import CheckpointError, ConfigError
 from ragen2.evaluate import evaluate
-from ragen2.filtering import group_stats, loss_scale, select_groups
+from ragen2.filtering import group_stats, loss_scale, select_groups, select_trajectories
 from ragen2.models.loading import load_policy, resolve_device, resolve_model_path
+from ragen2.rl import distributed
 from ragen2.rl.advantages import (
     broadcast_to_tokens,
     drgrpo_advantages,
@@ -104,7 +111,7 @@ class Run:
     policy: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
     optimizer: torch.optim.Optimizer
-    tracker: Tracker
+    tracker: Tracker | distributed.SilentTracker  # silent on ranks other than 0
     diagnostics: OnlineDiagnostics
     critic: PreTrainedModel | None = None  # PPO only
     critic_optimizer: torch.optim.Optimizer | None = None
@@ -115,6 +122,7 @@ class Run:
     skipped_in_a_row: int = 0  # consecutive steps where filtering kept nothing
     stop_reason: str | None = None  # set when the run ends before trainer.total_steps
     clean: bool = True  # False while a step's update has changed the weights but is not logged yet
+    backend: GenerationBackend | None = None  # rollout engine, built at the first rollout (make_backend)
 
 
 def train(config: Config, resume_dir: Path | None = None) -> str:
@@ -123,13 +131,21 @@ def train(config: Config, resume_dir: Path | None = None) -> str:
     With `resume_dir` the run continues from that directory's latest checkpoint, and the
     steps after the checkpoint are logged again (each step appears once in metrics.jsonl).
     Ctrl-C stops after writing a checkpoint of the last completed step, then re-raises
-    KeyboardInterrupt.
+    KeyboardInterrupt. Under a multi-process launcher the processes train data-parallel
+    (ragen2.rl.distributed); rank 0 returns the table, the others an empty string.
     """
-    run = setup(config, resume_dir)
-    total = config.trainer.total_steps
-    with run.tracker, _Interrupts() as interrupts, Progress(total, config.logging.progress, start=run.step) as progress:
+    with distributed.process_group(resolve_device(config.model.device).type):
+        run = setup(config, resume_dir)
+        _train_loop(run)
+        return summary_table(run) if distributed.is_main() else ""
+
+
+def _train_loop(run: Run) -> None:
+    total = run.config.trainer.total_steps
+    show = run.config.logging.progress and distributed.is_main()
+    with run.tracker, _Interrupts() as interrupts, Progress(total, show, start=run.step) as progress:
         try:
-            if run.step == 0 and config.trainer.eval_every > 0:
+            if run.step == 0 and run.config.trainer.eval_every > 0:
                 initial_evaluation(run)
             for step in range(run.step + 1, total + 1):
                 if run.stop_reason:
@@ -147,7 +163,6 @@ def train(config: Config, resume_dir: Path | None = None) -> str:
         except KeyboardInterrupt:
             on_interrupt(run)
             raise
-    return summary_table(run)
 
 
 def training_step(run: Run, step: int, interrupts: _Interrupts) -> dict[str, float]:
@@ -175,9 +190,11 @@ def training_step(run: Run, step: int, interrupts: _Interrupts) -> dict[str, flo
                                run.config.filter.loss_scale)
             with timer("update"):
                 metrics |= update_phase(run, batch, step, scale)
+                push_weights(run)
         else:
             skip_step(run, step, metrics)
         check_guards(run, step, metrics)
+        run.stop_reason = distributed.broadcast_object(run.stop_reason)  # rank 0 decides: no rank stops alone
         last = step == cfg.total_steps or run.stop_reason is not None
         if cfg.eval_every > 0 and (step % cfg.eval_every == 0 or last):
             with timer("evaluate"):
@@ -190,7 +207,8 @@ def training_step(run: Run, step: int, interrupts: _Interrupts) -> dict[str, flo
         metrics |= timer.metrics() | {"system/peak_memory_mb": _peak_memory_mb(run.device)}
         run.tracker.log(step, metrics)
         if save:  # only now, with the step's metrics on disk, may a resume start after it
-            mark_latest(run.run_dir, step)
+            if distributed.is_main():
+                mark_latest(run.run_dir, step)
             run.saved_step = step
         run.step, run.clean = step, True
     return metrics
@@ -200,23 +218,49 @@ def training_step(run: Run, step: int, interrupts: _Interrupts) -> dict[str, flo
 
 
 def rollout_phase(run: Run, step: int) -> tuple[list[Trajectory], dict[str, float]]:
-    """P x G episodes on training seeds; group g is G episodes of one environment seed."""
+    """P x G episodes on training seeds; group g is G episodes of one environment seed.
+
+    Every episode samples from its own stream, seeded by (trainer.seed, step, its index in
+    the batch), so with several processes each rolls out its block of groups and the
+    gathered batch is the one a single process would have sampled.
+    """
     cfg = run.config
     P, G = cfg.rollout.num_groups, cfg.rollout.group_size
     base = derived_seed(cfg.trainer.seed, step, "env") % (EVAL_SEED_OFFSET - P)  # below the held-out seeds
     seeds, group_ids = group_seeds(base, P, G)
+    sample_seeds = [derived_seed(cfg.trainer.seed, step, f"sample/{i}") for i in range(P * G)]
+    groups = distributed.group_range(P)
+    mine = slice(groups.start * G, groups.stop * G)  # this rank's episodes, group-major
     torch.manual_seed(derived_seed(cfg.trainer.seed, step, "rollout"))
     stats = RolloutStats()
-    backend = HFBackend(run.policy, run.tokenizer)
+    run.backend = run.backend or make_backend(run)
     trajectories = rollout(
-        backend, run.tokenizer, cfg.env.name, cfg.env.kwargs, seeds, group_ids, cfg=cfg.rollout, stats=stats
+        run.backend, run.tokenizer, cfg.env.name, cfg.env.kwargs, seeds[mine], group_ids[mine], cfg=cfg.rollout,
+        stats=stats, sample_seeds=sample_seeds[mine],
     )
+    trajectories = distributed.gather_objects(trajectories)  # all P x G, in group order, on every rank
     returns = np.array([t.episode_return for t in trajectories])
     metrics = summarize(trajectories) | {
         "rollout/return_std": float(returns.std()),
         "timing_s/generate": stats.generate_s,
     }
     return trajectories, metrics
+
+
+def make_backend(run: Run) -> GenerationBackend:
+    """The engine of `rollout.backend`: `generate` on the policy itself, or a vLLM engine holding a copy of its weights."""
+    r = run.config.rollout
+    if r.backend == "vllm":
+        return VLLMBackend(
+            run.policy, run.tokenizer, gpu_memory_utilization=r.vllm_gpu_memory_utilization, seed=run.config.trainer.seed
+        )
+    return HFBackend(run.policy, run.tokenizer)
+
+
+def push_weights(run: Run) -> None:
+    """After an update, a vLLM engine gets the new weights, so the next rollout samples the policy being trained."""
+    if isinstance(run.backend, VLLMBackend):
+        run.backend.load_weights(run.policy)
 
 
 def diagnose_phase(run: Run, trajectories: list[Trajectory], step: int) -> dict[str, float]:
@@ -228,7 +272,8 @@ def diagnose_phase(run: Run, trajectories: list[Trajectory], step: int) -> dict[
 
 
 def filter_phase(run: Run, trajectories: list[Trajectory]) -> tuple[list[Trajectory], dict[str, float]]:
-    """SNR-aware filtering: keep whole groups, ranked by reward variance (or `filter.metric`)."""
+    """SNR-aware filtering: keep whole groups, ranked by reward variance (or `filter.metric`), and with
+    `filter.trajectory_keep` < 1 only the most spread-out episodes of each (trajectory-level filtering)."""
     f, P, G = run.config.filter, run.config.rollout.num_groups, run.config.rollout.group_size
     rewards = np.array([t.episode_return for t in trajectories]).reshape(P, G)  # [P, G], group-major
     scores = _measured_scores(run, trajectories, f.metric)  # [P, G] for length / entropy, else None
@@ -240,7 +285,8 @@ def filter_phase(run: Run, trajectories: list[Trajectory]) -> tuple[list[Traject
         "filter/kept_groups": float(len(kept)),
         "filter/skipped": float(not kept),
     }
-    return [t for t in trajectories if t.group_id in kept and t.samples], metrics
+    spread = select_trajectories(rewards, f.trajectory_keep).reshape(-1)  # [P*G]; all True at trajectory_keep=1
+    return [t for t, keep in zip(trajectories, spread) if keep and t.group_id in kept and t.samples], metrics
 
 
 def advantage_phase(run: Run, kept: list[Trajectory]) -> Batch:
@@ -335,8 +381,10 @@ def policy_step(run: Run, mini: Batch, scale: float) -> dict[str, float]:
 
     Every micro-batch loss is normalised by the *mini-batch's* token and sequence counts, so
     the accumulated gradient is that of the whole mini-batch's aggregated loss, not a mean of
-    per-micro-batch means. A non-finite loss or gradient norm skips the step: gradients are
-    dropped and the weights and optimizer state stay as they were.
+    per-micro-batch means. With several processes each computes its rows of the mini-batch
+    (`distributed.my_rows`) and the gradients and statistics are summed over processes, which
+    by the same normalisation gives the whole mini-batch's. A non-finite loss or gradient norm
+    skips the step: gradients are dropped and the weights and optimizer state stay as they were.
     """
     a = run.config.algo
     agg, norm = _loss_agg(run.config), _norm_tokens(run.config)
@@ -344,7 +392,7 @@ def policy_step(run: Run, mini: Batch, scale: float) -> dict[str, float]:
     tokens = counts["batch_tokens"].clamp_min(1)
     totals: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), device=run.device))
     run.optimizer.zero_grad(set_to_none=True)
-    for rows in torch.arange(len(mini), device=run.device).split(a.micro_batch_size):
+    for rows in distributed.my_rows(len(mini), a.micro_batch_size, run.device):
         mb = mini.select(rows)
         logits, start = response_logits(run.policy, mb)  # [b, t-1-start, V]
         logp = F.pad(token_logprobs(logits, mb.targets[:, start:]), (start, 0))  # [b, t-1]
@@ -366,6 +414,9 @@ def policy_step(run: Run, mini: Batch, scale: float) -> dict[str, float]:
         totals["entropy"] += (entropy.detach() * mb.mask).sum() / tokens
         totals["clipfrac"] += pg_stats["clipfrac"] * share
         totals["approx_kl"] += pg_stats["approx_kl"] * share
+    totals = _sum_over_ranks(totals, ["loss", "policy_loss", "entropy", "clipfrac", "approx_kl"]
+                             + (["kl"] if mini.ref_logp is not None else []))
+    distributed.all_reduce_grads(_trainable(run.optimizer))
     grad_norm = _clip_and_step(run.optimizer, totals.pop("loss"), run.config.optim.grad_clip)
     return {key: value.item() for key, value in totals.items()} | grad_norm
 
@@ -376,18 +427,28 @@ def critic_step(run: Run, mini: Batch) -> dict[str, float]:
     counts = {"batch_tokens": mini.mask.sum(), "batch_seqs": (mini.mask.sum(dim=1) > 0).sum()}
     total = torch.zeros((), device=run.device)
     run.critic_optimizer.zero_grad(set_to_none=True)
-    for rows in torch.arange(len(mini), device=run.device).split(a.micro_batch_size):
+    for rows in distributed.my_rows(len(mini), a.micro_batch_size, run.device):
         mb = mini.select(rows)
         values = critic_values(run.critic, mb.input_ids, mb.attention_mask)  # [b, t-1]
         loss, _ = value_loss(values, mb.old_values, mb.value_targets, mb.mask, a.value_clip, "token-mean", **counts)
         loss.backward()
         total += loss.detach()
+    distributed.all_reduce_sum(total)
+    distributed.all_reduce_grads(_trainable(run.critic_optimizer))
     result = _clip_and_step(run.critic_optimizer, total, run.config.optim.grad_clip)
     return {"value_loss": total.item(), "skipped_nonfinite": result["skipped_nonfinite"]}
 
 
 def evaluate_phase(run: Run, step: int) -> dict[str, float]:
-    """Held-out episodes at `trainer.eval_temperature`; a few are written to rollouts/step_N.jsonl."""
+    """Held-out episodes at `trainer.eval_temperature`; a few are written to rollouts/step_N.jsonl.
+
+    With several processes rank 0 evaluates alone (the same episodes as one process) and the
+    others receive its metrics.
+    """
+    return distributed.on_main(lambda: _evaluate(run, step))
+
+
+def _evaluate(run: Run, step: int) -> dict[str, float]:
     cfg = run.config
     torch.manual_seed(derived_seed(cfg.trainer.seed, step, "evaluate"))
     rollout_cfg = dataclasses.replace(cfg.rollout, temperature=cfg.trainer.eval_temperature)
@@ -401,6 +462,11 @@ def evaluate_phase(run: Run, step: int) -> dict[str, float]:
 
 
 def checkpoint_phase(run: Run, step: int) -> None:
+    """Rank 0 writes the checkpoint (every rank holds the same weights and optimizer state); the others wait."""
+    distributed.on_main(lambda: _save(run, step))
+
+
+def _save(run: Run, step: int) -> None:
     state = {
         "optimizer": run.optimizer.state_dict(),
         "critic_optimizer": run.critic_optimizer.state_dict() if run.critic_optimizer else None,
@@ -460,8 +526,9 @@ def on_interrupt(run: Run) -> None:
         log.warning("aborted inside step %d's update: no checkpoint written (latest: step %d)", run.step + 1, run.saved_step)
         return
     if run.step > run.saved_step:
-        checkpoint_phase(run, run.step)
-        mark_latest(run.run_dir, run.step)
+        if distributed.is_main():  # no collective here: the other ranks may be stopped anywhere
+            _save(run, run.step)
+            mark_latest(run.run_dir, run.step)
         run.saved_step = run.step
     where = f"checkpoint at step {run.saved_step}" if run.saved_step else "no checkpoint yet"
     run.tracker.log_event("interrupted", f"interrupted after step {run.step}; {where}", run.step)
@@ -477,13 +544,18 @@ def setup(config: Config, resume_dir: Path | None = None) -> Run:
 
     On resume, weights, optimizer states and RNG states come from the latest checkpoint of
     `resume_dir`, and its metrics after that checkpoint are dropped (they will be redone).
+    With several processes rank 0 chooses and writes the run directory (which must be on a
+    file system all of them see) and logs; every process loads the same weights.
     """
+    distributed.group_range(config.rollout.num_groups)  # P must split evenly over the processes
     checkpoint = load_checkpoint(resume_dir) if resume_dir is not None else None
-    run_dir = Path(resume_dir) if resume_dir is not None else _new_run_dir(config)
+    run_dir = Path(resume_dir) if resume_dir is not None else distributed.on_main(lambda: _new_run_dir(config))
     config = dataclasses.replace(config, trainer=dataclasses.replace(config.trainer, run_dir=str(run_dir)))
-    if checkpoint is None:
+    if checkpoint is None and distributed.is_main():
         save_config(config, run_dir / "config.yaml")
-    log.info("run directory: %s\nresolved config:\n%s", run_dir, yaml.safe_dump(to_dict(config), sort_keys=False))
+    distributed.on_main(lambda: resolve_model_path(config.model.path))  # a tiny policy is built once, not per rank
+    if distributed.is_main():
+        log.info("run directory: %s\nresolved config:\n%s", run_dir, yaml.safe_dump(to_dict(config), sort_keys=False))
     torch.manual_seed(config.trainer.seed)  # initialisation of new heads and adapters
     device = resolve_device(config.model.device)
     policy, tokenizer = _load_trainable_policy(config, device, checkpoint)
@@ -509,7 +581,7 @@ def setup(config: Config, resume_dir: Path | None = None) -> Run:
     tracker = Tracker(
         run_dir, to_dict(config), tensorboard=config.logging.tensorboard,
         wandb=config.logging.wandb, wandb_project=config.logging.wandb_project,
-    )
+    ) if distributed.is_main() else distributed.SilentTracker()
     diagnostics = OnlineDiagnostics(config.collapse, config.trainer.seed)
     run = Run(config, run_dir, device, policy, tokenizer, optimizer, tracker, diagnostics, critic, critic_optimizer,
               reference, EarlyStopGuards(config.early_stop))
@@ -696,12 +768,16 @@ def _logprobs(model: torch.nn.Module, mb: Batch) -> torch.Tensor:
 
 
 def _in_micro_batches(fn, batch: Batch, size: int) -> torch.Tensor:
-    """Run `fn(micro_batch) -> [b, t-1]` over `batch` and reassemble the full [B, T-1] result."""
+    """Run `fn(micro_batch) -> [b, t-1]` over `batch` and reassemble the full [B, T-1] result.
+
+    With several processes each runs `fn` on its rows only; the zeros elsewhere make the sum
+    over processes the full result, on every process.
+    """
     out = torch.zeros(batch.mask.shape, dtype=torch.float32, device=batch.mask.device)
-    for rows in torch.arange(len(batch), device=batch.mask.device).split(size):
+    for rows in distributed.my_rows(len(batch), size, batch.mask.device):
         piece = fn(batch.select(rows))
         out[rows, : piece.shape[1]] = piece.float()
-    return out
+    return distributed.all_reduce_sum(out)
 
 
 def _measured_scores(run: Run, trajectories: list[Trajectory], metric: str) -> np.ndarray | None:
@@ -737,6 +813,16 @@ def _norm_tokens(config: Config) -> float | None:
         return None
     r = config.rollout
     return float(r.max_tokens_per_turn * (r.max_turns if r.context_turns is None else 1))
+
+
+def _sum_over_ranks(totals: dict[str, torch.Tensor], keys: list[str]) -> dict[str, torch.Tensor]:
+    """`totals[key]` summed over processes, for `keys` (a rank without rows has none of them yet)."""
+    summed = distributed.all_reduce_sum(torch.stack([totals[key] for key in keys]))  # [K]
+    return dict(zip(keys, summed))
+
+
+def _trainable(optimizer: torch.optim.Optimizer) -> list[torch.nn.Parameter]:
+    return [p for group in optimizer.param_groups for p in group["params"]]
 
 
 def _clip_and_step(optimizer: torch.optim.Optimizer, loss: torch.Tensor, max_norm: float) -> dict[str, float]:

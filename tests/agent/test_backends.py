@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -150,3 +152,41 @@ def test_checkpoint_generation_defaults_do_not_leak(model, tokenizer, prompts, m
         monkeypatch.setattr(model.generation_config, name, value)
     assert [o.token_ids for o in greedy(backend, prompts)] == [o.token_ids for o in plain_greedy]
     assert [o.token_ids for o in sample(backend, prompts, seed=5)] == [o.token_ids for o in plain_sample]
+
+
+def seeded(backend, prompts, seeds, n=N, temperature=1.0, top_p=1.0):
+    return backend.generate(prompts, max_new_tokens=n, temperature=temperature, top_p=top_p, seeds=seeds)
+
+
+def test_seeded_sample_of_a_prompt_does_not_depend_on_the_batch(model, tokenizer, prompts):
+    """What data parallelism needs: a prompt's sample is a function of (prompt, seed), whatever else is in the call."""
+    backend = HFBackend(model, tokenizer, stop_strings=())
+    seeds = [11, 12, 13]
+    batched = [o.token_ids for o in seeded(backend, prompts, seeds)]
+    assert batched == [seeded(backend, [p], [s])[0].token_ids for p, s in zip(prompts, seeds)]
+    assert batched[::-1] == [o.token_ids for o in seeded(HFBackend(model, tokenizer, batch_size=2), prompts[::-1], seeds[::-1])]
+    torch.manual_seed(0)  # the global RNG plays no part
+    assert batched == [o.token_ids for o in seeded(backend, prompts, seeds)]
+    assert batched != [o.token_ids for o in seeded(backend, prompts, [21, 22, 23])]
+    assert seeded(backend, prompts, seeds, temperature=0.0)[0].token_ids == greedy(backend, prompts)[0].token_ids
+    with pytest.raises(ValueError, match="2 seeds for 3 prompts"):
+        seeded(backend, prompts, seeds[:2])
+
+
+@pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.7, 0.9)])
+def test_seeded_sampling_draws_from_the_tempered_nucleus(model, tokenizer, prompts, temperature, top_p):
+    """First tokens over 3000 seeds follow softmax(logits / temperature) cut to top_p (within sampling error)."""
+    n = 3000
+    backend = HFBackend(model, tokenizer, stop_strings=())
+    tokens = [o.token_ids[0] for o in seeded(backend, [prompts[1]] * n, list(range(n)), n=1,
+                                             temperature=temperature, top_p=top_p)]
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompts[1]])).logits[0, -1].double() / temperature  # [V]
+    probs = logits.softmax(-1)
+    order = probs.argsort(descending=True)
+    inside = (probs[order].cumsum(0) - probs[order]) < top_p  # the nucleus: tokens before the mass reaches top_p
+    expected = torch.zeros_like(probs)
+    expected[order[inside]] = probs[order[inside]] / probs[order[inside]].sum()
+    observed = torch.bincount(torch.tensor(tokens), minlength=len(probs)).double() / n
+    assert set(tokens) <= set(order[inside].tolist())
+    assert (observed - expected).abs().max() < 4 * math.sqrt(0.25 / n)  # 4 standard errors at worst (p = 1/2)

@@ -64,7 +64,7 @@ def test_single_answer_reasoning_restates_the_problem():
         countdown = make("countdown", **DEFAULT_ENV_KWARGS["countdown"])
         countdown.reset(seed=seed)
         reasoning = parse_response(demo_response(countdown, 1, rng)).reasoning
-        assert reasoning.startswith(f"Numbers {', '.join(map(str, countdown.numbers))}; target {countdown.target}.")
+        assert reasoning.startswith(f"Numbers: {', '.join(map(str, countdown.numbers))}. Target: {countdown.target}.")
         math = make("math", **DEFAULT_ENV_KWARGS["math"])
         math.reset(seed=seed)
         response = demo_response(math, 1, rng)
@@ -73,6 +73,18 @@ def test_single_answer_reasoning_restates_the_problem():
         search = make("searchqa")
         search.reset(seed=seed)
         assert parse_response(demo_response(search, 1, rng)).reasoning.startswith(search.question.question)
+
+
+def test_countdown_demonstrates_the_sum_of_all_numbers_when_it_hits_the_target():
+    """The sum is the demonstrated equation whenever it works; otherwise the solver's (shorter) one."""
+    env = make("countdown")
+    rng = np.random.default_rng(0)
+    env.reset(options={"numbers": [3, 5, 8], "target": 16})
+    assert env.solve() == ["(5 - 3) * 8"]  # what the solver alone would demonstrate
+    assert parse_response(demo_response(env, 1, rng)).actions == ["3 + 5 + 8"]
+    env.reset(options={"numbers": [2, 7, 9], "target": 14})  # sum 18 misses: the solver's 2 * 7
+    (action,) = parse_response(demo_response(env, 1, rng)).actions
+    assert action == env.solve()[0] and "+" not in action
 
 
 def test_webshop_reasoning_names_the_product_and_each_option_before_buying():

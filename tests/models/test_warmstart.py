@@ -185,7 +185,7 @@ def test_demonstration_samples_equal_what_a_rollout_of_the_same_responses_stores
 
 
 def test_the_two_built_in_warm_starts_cover_every_env_in_its_preset_turn_layout():
-    """Default: the grid envs and Bandit; `tiny:countdown,...`: the other five, which their presets use."""
+    """Default: the grid envs and Bandit; `tiny:countdown`: Countdown's own; `tiny:countdown,...`: the other four's."""
     from ragen2.config import load_config
     from ragen2.envs import names
     from ragen2.models.demos import ORACLES
@@ -195,10 +195,21 @@ def test_the_two_built_in_warm_starts_cover_every_env_in_its_preset_turn_layout(
     assert sorted(ws.CORE_ENVS + ws.TOOL_ENVS) == sorted(names())
     assert {cls for cls in ORACLES} >= {type(make(name, **config.env_kwargs.get(name, {}))) for name in names()}
     for name in names():
-        expected_path = None if name in ws.CORE_ENVS else "tiny:" + ",".join(ws.TOOL_ENVS)
+        expected_path = (
+            None if name in ws.CORE_ENVS else "tiny:countdown" if name == "countdown" else "tiny:" + ",".join(ws.TOOL_ENVS)
+        )
         assert load_config(name).model.path == expected_path, name
         rollout_cfg = load_config(name).rollout
         assert config.env_turns[name] == (rollout_cfg.max_turns, rollout_cfg.max_actions_per_turn), name
+
+
+def test_policy_settings_apply_to_their_envs_and_give_way_to_explicit_settings(tmp_path):
+    countdown = ws._make_config(0, {"envs": ("countdown",)})
+    assert (countdown.num_layers, countdown.episodes_per_env) == (4, 12000)
+    assert ws._make_config(0, {"envs": ("countdown",), "num_layers": 3}).num_layers == 3
+    assert ws._make_config(0, {"envs": ("countdown", "math")}).num_layers == ws.WarmStartConfig().num_layers
+    # the cache directory of `tiny:countdown` is named by the settings it is built with
+    assert ws.cache_path(countdown, tmp_path).name == f"tiny-policy-{countdown.key()}"
 
 
 def test_episode_shares_scale_each_env_and_keep_at_least_one_episode():

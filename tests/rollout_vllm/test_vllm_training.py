@@ -1,0 +1,90 @@
+"""The trainer with rollout.backend=vllm: rollouts come from the engine, and after an update it samples the new policy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from ragen2.agent.vllm_backend import VLLMBackend
+from ragen2.config import Config, load_config
+from ragen2.models.tiny import build_model, build_tokenizer
+from ragen2.rl import trainer
+from ragen2.tracking import read_metrics
+
+pytest.importorskip("vllm")
+
+CORPUS = [
+    "You are playing a two-armed bandit. Pull one arm to get a reward. Arms: Dragon, Turtle.",
+    "Turn 1:\nState:\nArms: Dragon, Turtle. Which arm do you pull?\nYou have 1 actions left.",
+    "<think>The arms are Dragon and Turtle. I try Dragon.</think><answer>Dragon</answer>",
+] * 10
+
+
+@pytest.fixture(scope="module")
+def policy_dir(tmp_path_factory) -> Path:
+    """A random tiny Qwen2 whose head size (32) vLLM's CPU attention supports."""
+    path = tmp_path_factory.mktemp("policy")
+    tokenizer = build_tokenizer(CORPUS, vocab_size=300)
+    model = build_model(tokenizer, hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def vllm_config(policy_dir: Path, run_dir: Path, *overrides: str) -> Config:
+    return load_config(
+        "bandit",
+        [
+            f"model.path={policy_dir}",
+            "model.device=cpu",
+            f"trainer.run_dir={run_dir}",
+            "rollout.backend=vllm",
+            "rollout.num_groups=2",
+            "rollout.group_size=4",
+            "rollout.max_tokens_per_turn=8",
+            "trainer.total_steps=2",
+            "trainer.eval_every=0",
+            "collapse.enable=false",
+            "filter.strategy=none",
+            "algo.mini_batch_size=8",
+            "algo.micro_batch_size=4",
+            "optim.lr=1e-2",
+            "logging.progress=false",
+            "logging.tensorboard=false",
+            *overrides,
+        ],
+    )
+
+
+def test_after_an_update_the_engine_samples_the_updated_policy(policy_dir, tmp_path, teacher_forced):
+    run = trainer.setup(vllm_config(policy_dir, tmp_path / "run"))
+    trajectories, _ = trainer.rollout_phase(run, 1)
+    assert isinstance(run.backend, VLLMBackend)
+    assert len(trajectories) == 8 and all(t.turns for t in trajectories)
+    for i, traj in enumerate(trajectories):  # returns that vary within each group: every episode has an advantage
+        traj.episode_return = float(i % 3)
+    before = {n: p.detach().clone() for n, p in run.policy.named_parameters()}
+    trainer.update_phase(run, trainer.advantage_phase(run, trajectories), step=1, scale=1.0)
+    assert any(not torch.equal(p, before[n]) for n, p in run.policy.named_parameters())
+
+    prompts = [t.turns[0].prompt_ids for t in trajectories[:4]]
+    stale = run.backend.generate(prompts, max_new_tokens=8, temperature=1.0, top_p=1.0, seeds=[0, 1, 2, 3])
+    assert any(
+        not torch.allclose(torch.tensor(o.logprobs), teacher_forced(run.policy, p, o.token_ids), atol=1e-4, rtol=0)
+        for p, o in zip(prompts, stale)
+    )
+    trainer.push_weights(run)
+    fresh = run.backend.generate(prompts, max_new_tokens=8, temperature=1.0, top_p=1.0, seeds=[0, 1, 2, 3])
+    for prompt, out in zip(prompts, fresh):
+        hf = teacher_forced(run.policy, prompt, out.token_ids)
+        torch.testing.assert_close(torch.tensor(out.logprobs), hf, atol=1e-4, rtol=0)
+    run.tracker.close()
+
+
+def test_a_short_run_trains_with_vllm_rollouts(policy_dir, tmp_path):
+    trainer.train(vllm_config(policy_dir, tmp_path / "run"))
+    metrics = read_metrics(tmp_path / "run")
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert all(m["rollout/response_tokens_mean"] > 0 for m in metrics)

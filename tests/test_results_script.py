@@ -1,0 +1,204 @@
+"""scripts/make_results.py: numbers computed by hand from sweep directories, verdicts, figures, and a real run."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from scipy.stats import spearmanr
+
+from ragen2 import sweep
+
+REPO = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("make_results", REPO / "scripts" / "make_results.py")
+make_results = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = make_results  # dataclasses look their module up while the script loads
+_spec.loader.exec_module(make_results)
+
+
+def write_sweep(root: Path, name: str, axes: list[str], runs: dict[str, tuple[dict, int, list[dict]]],
+                env: str = "sokoban", algo: dict | None = None, unfinished: tuple[str, ...] = ()):
+    """A sweep directory as `ragen2 sweep` leaves it: sweep.json, and per run metrics, config and exit status.
+    `algo` maps a run name to its algo section of config.yaml; `unfinished` runs have no exit status."""
+    out = root / name
+    grid = {"spec": name, "description": f"{name} test", "axes": axes, "runs": []}
+    for run_name, (labels, seed, records) in runs.items():
+        run_dir = out / run_name
+        run_dir.mkdir(parents=True)
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        if run_name not in unfinished:
+            (run_dir / sweep.STATUS_FILE).write_text(json.dumps({"returncode": 0, "seconds": 60.0}))
+        (run_dir / "config.yaml").write_text(yaml.safe_dump({"env": {"name": env}, "algo": (algo or {}).get(run_name, {})}))
+        grid["runs"].append({"name": run_name, "labels": labels, "seed": seed, "command": "ragen2 train ..."})
+    (out / sweep.GRID_FILE).write_text(json.dumps(grid))
+
+
+def run_records(success: list[float], mi: list[float], entropy: list[float], step_s: float = 10.0) -> list[dict]:
+    """Steps 0..n-1: eval success at every step, MI and entropy from step 1 on."""
+    records = [{"step": 0, "eval/success_rate": success[0]}]
+    for step in range(1, len(success)):
+        records.append({
+            "step": step, "eval/success_rate": success[step], "collapse_trajectory/mi_zscore_ema": mi[step],
+            "collapse_first_turn/retrieval_acc": mi[step] / 10, "train/entropy": entropy[step],
+            "filter/kept_ratio": 0.5, "timing_s/step": step_s + 2.0, "timing_s/evaluate": 2.0,
+        })
+    return records
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    root = tmp_path_factory.mktemp("results")
+    sweeps = root / "sweeps"
+    flat = [1.0] * 9
+    # levels: final MI prompt 2.0, 2.2, 2.4 vs trajectory 0.2, 0.3, 0.1; a fourth prompt run was cut off.
+    write_sweep(sweeps, "levels", ["level"], {
+        f"level={level}__seed={s}": ({"level": level}, s, run_records([0.5] * 9, [3.0] * 8 + [final], flat))
+        for level, finals in (("prompt", (2.0, 2.2, 2.4, 50.0)), ("trajectory", (0.2, 0.3, 0.1)))
+        for s, final in enumerate(finals)
+    }, unfinished=("level=prompt__seed=3",))
+    # filter on frozenlake: peak success 0.5, 0.6, 0.7 (filter, 6 s steps) vs 0.2, 0.3, 0.4 (none, 10 s steps).
+    write_sweep(sweeps, "filter_frozenlake", ["algo.name", "filter"], {
+        f"filter={f}__seed={s}": ({"algo.name": "grpo", "filter": f}, s,
+                                  run_records([0.1, peak, 0.1, 0.1, 0.1], [1.0] * 5, flat[:5], step_s))
+        for f, peaks, step_s in (("paper", (0.5, 0.6, 0.7), 6.0), ("none", (0.2, 0.3, 0.4), 10.0))
+        for s, peak in enumerate(peaks)
+    }, env="frozenlake")
+    # collapse: MI falls from step 3 on, success from step 6 on, entropy flat.
+    mi = [4.0, 4.0, 4.0, 3.0, 2.0, 1.0, 0.5, 0.5, 0.5]
+    success = [0.6, 0.6, 0.6, 0.6, 0.6, 0.6, 0.3, 0.2, 0.1]
+    probe = {f"grad_snr/bucket{b}/{t}": 0.1 * (b + 1) for b in range(3) for t in ("task_norm", "kl_norm", "entropy_norm")}
+    collapse_runs = {}
+    for s, offset in enumerate((0.0, 0.1, -0.1)):
+        records = run_records(success, [m + offset for m in mi], flat)
+        records[-1] |= probe
+        collapse_runs[f"filter=none__seed={s}"] = ({"filter": "none"}, s, records)
+    write_sweep(sweeps, "collapse", ["filter"], collapse_runs)
+    # mechanism: MI changes by delta over the run; the final MI of task-on runs falls with the coefficient.
+    cells = {  # name: (task advantage scale, entropy coef, MI changes of seeds 0-2)
+        "control": (0.0, 0.0, (0.0, 0.1, -0.1)),
+        "entropy": (0.0, 0.1, (-1.0, -1.2, -0.8)),
+        "task-low": (1.0, 0.01, (0.0, 0.0, 0.0)),
+        "task-high": (1.0, 0.1, (-2.0, -2.0, -2.0)),
+    }
+    mechanism, algos = {}, {}
+    for cell, (scale, coef, deltas) in cells.items():
+        for s, delta in enumerate(deltas):
+            name = f"cell={cell}__seed={s}"
+            mechanism[name] = ({"cell": cell}, s, run_records([0.5] * 9, [3.0] * 7 + [3.0 + delta] * 2, flat))
+            algos[name] = {"task_advantage_scale": scale, "entropy_coef": coef, "kl_coef": 0.0}
+    write_sweep(sweeps, "mechanism", ["cell"], mechanism, algo=algos)
+    out = root / "docs" / "results.md"
+    make_results.write_results(sweeps, out, out.parent / "figures", model_figures=False)
+    return out, out.read_text(), sweeps
+
+
+def section(text: str, title_start: str) -> str:
+    start = text.index(f"## {title_start}")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end > 0 else None]
+
+
+def test_levels_numbers_and_verdict(results):
+    _, text, _ = results
+    part = section(text, "Prompt- vs trajectory-level")
+    # 2.2 - 0.2 = 2.0; SE sqrt((0.2/sqrt(3))^2 + (0.1/sqrt(3))^2) = 0.129.
+    assert "final MI-ZScore-EMA +2 ± 0.13" in part
+    assert "| prompt | 2.2 ± 0.12 (n=3) |" in part and "| trajectory | 0.2 ± 0.058 (n=3) |" in part
+    assert "Verdict: **reproduced**" in part
+    assert "| levels | 7 | 6 | 6 min |" in text  # the cut-off run counts in the grid, not in the numbers
+
+
+def test_filter_numbers_and_step_time_ratio(results):
+    _, text, _ = results
+    part = section(text, "SNR-aware filtering on frozenlake")
+    # Peak success 0.6 vs 0.3: +0.3 with SE sqrt(2) x 0.1/sqrt(3) = 0.082; training step 6 s vs 10 s (evaluation taken out).
+    assert "grpo: peak success +0.3 ± 0.082, step time ×0.60" in part
+    assert "Verdict: **reproduced**" in part
+    assert "| grpo | paper | 0.6 ± 0.058 (n=3) |" in part
+
+
+def test_collapse_order_and_entropy_band(results):
+    _, text, _ = results
+    part = section(text, "Template collapse")
+    # MI (steps 1-8: 4, 4, 3, 2, ...; early level 4): the 3-point average centred on step 3 is 3 < 3.6.
+    # Success (steps 0-8: 0.6 x 6, 0.3, ...; early 0.6): centred on step 5, (0.6 + 0.6 + 0.3) / 3 = 0.5 < 0.54.
+    assert "| none | 0 ± 0 (n=3) |" in part  # token entropy flat
+    assert "| 3, 3, 3 | 5, 5, 5 |" in part
+    assert "in 3 of 3 runs where both fell, MI fell first" in part
+    assert "Verdict: **reproduced**" in part
+    assert "collapse_grad_snr.png" in part
+
+
+def test_not_run_experiments_say_how(results):
+    _, text, _ = results
+    assert "Not run yet: `ragen2 sweep experiments/quartiles.yaml --jobs 2`" in section(text, "RV quartiles")
+    assert "| filter_sokoban | – | – | not run |" in text
+
+
+def test_mechanism_numbers_and_verdict(results):
+    _, text, _ = results
+    part = section(text, "Regularisers alone")
+    # Regulariser-only minus control: -1 - 0 with SE sqrt((0.2/sqrt(3))^2 + (0.1/sqrt(3))^2) = 0.129.
+    assert "regulariser-only minus control, Δ MI-ZScore-EMA -1 ± 0.13" in part
+    assert "| 0 | 0.1 | 0 | -1 ± 0.12 (n=3) |" in part
+    assert "ρ = -1.00 [" in part  # task on: the larger coefficient always ends with the lower MI
+    assert "Verdict: **reproduced**" in part
+
+
+def test_correlation_matches_scipy_on_the_sweep_tables(results):
+    _, text, sweeps = results
+    rows = [r for name in ("collapse", "filter_frozenlake", "levels", "mechanism") for r in sweep.read_sweep(sweeps / name)
+            if r["status"] == "done"]
+    rho = spearmanr([r["mi_zscore_ema_traj"] for r in rows], [r["final_success"] for r in rows]).statistic
+    part = section(text, "MI proxies track final success")
+    assert f"| MI-ZScore-EMA (traj) | {rho:+.2f} [" in part and f"(n={len(rows)})" in part
+
+
+def test_every_linked_figure_exists(results):
+    out, text, _ = results
+    links = [line.split("(")[1].rstrip(")") for line in text.splitlines() if line.startswith("![")]
+    assert len(links) >= 5
+    for link in links:
+        assert (out.parent / link).is_file(), link
+
+
+def test_spearman_ci_and_drop_step():
+    rho, lo, hi, n = make_results.spearman_ci([1, 2, 3, 4, 5, 6], [2, 4, 5, 9, 10, 12])
+    assert (rho, n) == (1.0, 6) and lo <= rho <= hi
+    # The vectorised bootstrap against scipy on one resample's worth of data with ties.
+    x, y = [1, 2, 2, 3, 5, 4, 7], [3, 1, 2, 2, 6, 5, 4]
+    rho, lo, hi, _ = make_results.spearman_ci(x, y)
+    assert rho == pytest.approx(spearmanr(x, y).statistic) and -1 <= lo < rho < hi <= 1
+    assert math.isnan(make_results.spearman_ci([1, 1, 1], [1, 2, 3])[0])  # a constant has no ranking
+    steps = np.arange(8)
+    # Early level (first 2 values) 1.0; 3-point averages centred on steps 1, 2, 3: 1, 0.933, 0.8 < 0.9.
+    assert make_results.drop_step(steps, np.array([1, 1, 1, 0.8, 0.6, 0.5, 0.5, 0.5])) == 3
+    assert make_results.drop_step(steps, np.ones(8)) is None
+
+
+def test_model_figures_on_a_real_run(tmp_path, save_random_policy):
+    """A real 1-step Bandit run through `ragen2 sweep`, then the RV histogram from its checkpoint."""
+    save_random_policy(tmp_path / "policy")
+    spec_path = tmp_path / "collapse.yaml"
+    spec_path.write_text(yaml.safe_dump({
+        "preset": "bandit",
+        "base": {"model.path": str(tmp_path / "policy"), "model.device": "cpu", "rollout.num_groups": 2,
+                 "rollout.group_size": 4, "rollout.max_tokens_per_turn": 8, "trainer.total_steps": 1,
+                 "trainer.eval_every": 1, "trainer.eval_episodes": 4, "logging.tensorboard": False},
+        "axes": {"filter": {"none": {"filter.strategy": "none", "filter.include_zero": True}}},
+        "seeds": [0],
+    }))
+    actions = sweep.run_sweep(spec_path, tmp_path / "sweeps" / "collapse", jobs=1, threads=1)
+    assert actions == {"filter=none__seed=0": "done"}
+    out = tmp_path / "docs" / "results.md"
+    make_results.write_results(tmp_path / "sweeps", out, out.parent / "figures", model_figures=True, rv_groups=4)
+    text = out.read_text()
+    assert "![RV histogram](figures/collapse_rv_histogram.png)" in text
+    assert "No heatmaps:" in text and "empty reasoning" in text  # the random policy writes no reasoning
+    assert (out.parent / "figures" / "collapse_rv_histogram.png").stat().st_size > 1000
