@@ -96,7 +96,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             preset = None
         config = load_config(preset, overrides)
     summary = train(config, resume_dir=Path(args.resume) if args.resume else None)
-    print(summary)
+    if summary:  # empty on data-parallel ranks other than 0
+        print(summary)
     return 0
 
 
@@ -198,7 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--envs",
         default="sokoban,frozenlake,bandit",
         help="Comma-separated environments to demonstrate (default: sokoban,frozenlake,bandit, the default policy; "
-        "countdown,math,searchqa,code,webshop is the policy their presets use, model.path=tiny:ENV,...).",
+        "countdown is the Countdown preset's policy and countdown,math,searchqa,code,webshop the one the math, "
+        "searchqa, code and webshop presets use: model.path=tiny:ENV,...).",
     )
     p.set_defaults(func=cmd_warmstart)
 

@@ -51,6 +51,18 @@ class GenerationBackend(Protocol):
         ...
 
 
+def check_generate_args(
+    prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float, seeds: list[int] | None
+) -> None:
+    """The argument checks every `GenerationBackend.generate` makes, with the same messages."""
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens={max_new_tokens} is not allowed: use an integer >= 1")
+    if temperature < 0 or not 0 < top_p <= 1:
+        raise ValueError(f"temperature={temperature}, top_p={top_p}: need temperature >= 0 and 0 < top_p <= 1")
+    if seeds is not None and len(seeds) != len(prompts):
+        raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts: pass one seed per prompt, or None")
+
+
 class _StopOnTokens(StoppingCriteria):
     """Stops a row when its last token is one of `token_ids` (single-token stop strings)."""
 
@@ -154,12 +166,7 @@ class HFBackend:
         top_p: float,
         seeds: list[int] | None = None,
     ) -> list[GenerationOutput]:
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens={max_new_tokens} is not allowed: use an integer >= 1")
-        if temperature < 0 or not 0 < top_p <= 1:
-            raise ValueError(f"temperature={temperature}, top_p={top_p}: need temperature >= 0 and 0 < top_p <= 1")
-        if seeds is not None and len(seeds) != len(prompts):
-            raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts: pass one seed per prompt, or None")
+        check_generate_args(prompts, max_new_tokens, temperature, top_p, seeds)
         outputs: list[GenerationOutput | None] = [None] * len(prompts)
         was_training = self.model.training
         self.model.eval()

@@ -22,6 +22,7 @@ import tempfile
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from ragen2.agent.backends import check_generate_args
 from ragen2.agent.types import GenerationOutput
 from ragen2.errors import ConfigError
 
@@ -126,12 +127,7 @@ class VLLMBackend:
     ) -> list[GenerationOutput]:
         from vllm import SamplingParams
 
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens={max_new_tokens} is not allowed: use an integer >= 1")
-        if temperature < 0 or not 0 < top_p <= 1:
-            raise ValueError(f"temperature={temperature}, top_p={top_p}: need temperature >= 0 and 0 < top_p <= 1")
-        if seeds is not None and len(seeds) != len(prompts):
-            raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts: pass one seed per prompt, or None")
+        check_generate_args(prompts, max_new_tokens, temperature, top_p, seeds)
         params = [
             SamplingParams(
                 max_tokens=max_new_tokens,

@@ -59,7 +59,8 @@ CELL_PATTERN = re.compile(r"\(row \d+, col \d+\)")
 # 28 code problems and 50 SearchQA questions repeat anyway); WebShop's long pages cost most.
 # The default tiny policy's environments. One 0.5M-parameter model fine-tuned on all eight for
 # the same 5 minutes fell below random on FrozenLake and Bandit, so the other five share a
-# second warm start: model.path=tiny:countdown,math,searchqa,code,webshop (their presets' default).
+# second warm start: model.path=tiny:countdown,math,searchqa,code,webshop (the default of the
+# math, searchqa, code and webshop presets; Countdown's preset uses tiny:countdown).
 CORE_ENVS = ("sokoban", "frozenlake", "bandit")
 TOOL_ENVS = ("countdown", "math", "searchqa", "code", "webshop")
 

@@ -76,13 +76,6 @@ def weights(model_dir: Path) -> torch.Tensor:
     return torch.cat([p.detach().flatten() for p in AutoModelForCausalLM.from_pretrained(model_dir).parameters()])
 
 
-@pytest.fixture(scope="module")
-def policy_dir(tmp_path_factory, save_random_policy) -> Path:
-    path = tmp_path_factory.mktemp("policy")
-    save_random_policy(path)
-    return path
-
-
 @pytest.mark.slow
 def test_two_processes_train_like_one_and_resume(policy_dir, tmp_path, monkeypatch, one_thread):
     one, two, resumed = tmp_path / "one", tmp_path / "two", tmp_path / "resumed"

@@ -17,13 +17,6 @@ def _single_thread(one_thread):
     """One thread (tests/conftest.py, one_thread)."""
 
 
-@pytest.fixture(scope="module")
-def policy_dir(tmp_path_factory, save_random_policy) -> Path:
-    path = tmp_path_factory.mktemp("policy")
-    save_random_policy(path)
-    return path
-
-
 def config(policy_dir: Path, run_dir: Path, *overrides: str) -> Config:
     """Bandit, 4 groups x 4 episodes of at most 8 tokens."""
     return load_config("bandit", [

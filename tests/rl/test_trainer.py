@@ -27,13 +27,6 @@ def _single_thread(one_thread):
     """Every test here runs on one thread (see tests/conftest.py, one_thread)."""
 
 
-@pytest.fixture(scope="module")
-def policy_dir(tmp_path_factory, save_random_policy) -> Path:
-    path = tmp_path_factory.mktemp("policy")
-    save_random_policy(path)
-    return path
-
-
 def tiny_config(policy_dir: Path, run_dir: Path, *overrides: str) -> Config:
     """Bandit, 2 groups x 4 episodes of at most 8 tokens: a step takes well under a second."""
     return load_config(
