@@ -93,6 +93,9 @@ def results(tmp_path_factory):
             mechanism[name] = ({"cell": cell}, s, run_records([0.5] * 9, [3.0] * 7 + [3.0 + delta] * 2, flat))
             algos[name] = {"task_advantage_scale": scale, "entropy_coef": coef, "kl_coef": 0.0}
     write_sweep(sweeps, "mechanism", ["cell"], mechanism, algo=algos)
+    # quartiles: started, but no run has finished yet
+    cut_off = {"quartile=1__seed=0": ({"quartile": 1}, 0, run_records([0.5] * 3, [1.0] * 3, flat[:3]))}
+    write_sweep(sweeps, "quartiles", ["quartile"], cut_off, unfinished=tuple(cut_off))
     out = root / "docs" / "results.md"
     make_results.write_results(sweeps, out, out.parent / "figures", model_figures=False)
     return out, out.read_text(), sweeps
@@ -137,7 +140,9 @@ def test_collapse_order_and_entropy_band(results):
 
 def test_not_run_experiments_say_how(results):
     _, text, _ = results
+    # a started sweep without a finished run is not run, and the overview says how far it got
     assert "Not run yet: `ragen2 sweep experiments/quartiles.yaml --jobs 2`" in section(text, "RV quartiles")
+    assert "| quartiles | 1 | 0 | 0 min |" in text
     assert "| filter_sokoban | – | – | not run |" in text
 
 
