@@ -98,9 +98,10 @@ def rollout(
         active = [i for i, e in enumerate(episodes) if not e.done]
         if not active:
             break
-        for i in active:
-            episodes[i].conv.add_observation(episodes[i].observation, episodes[i].actions_left)
-        prompts = [episodes[i].conv.prompt_ids() for i in active]
+        active_episodes = [episodes[i] for i in active]
+        for e in active_episodes:
+            e.conv.add_observation(e.observation, e.actions_left)
+        prompts = [e.conv.prompt_ids() for e in active_episodes]
         turn_seeds = None if sample_seeds is None else [turn_seed(sample_seeds[i], turn) for i in active]
         t0 = time.perf_counter()
         outputs = backend.generate(
@@ -109,7 +110,7 @@ def rollout(
         )
         stats.generate_s += time.perf_counter() - t0
         stats.generate_calls += 1
-        for e, prompt, out in zip([episodes[i] for i in active], prompts, outputs):
+        for e, prompt, out in zip(active_episodes, prompts, outputs):
             e.conv.add_response(out.token_ids, out.text)
             _play_turn(e, prompt, out.token_ids, out.text, tokenizer, cfg, stats)
             if not e.done and turn == cfg.max_turns - 1:
@@ -121,10 +122,15 @@ def rollout(
     return [e.traj for e in episodes]
 
 
-def turn_seed(episode_seed: int, turn: int) -> int:
-    """The sampling seed of one turn of an episode: a 63-bit hash of (episode seed, turn)."""
-    digest = hashlib.sha256(f"{episode_seed}/{turn}".encode()).digest()
+def stable_seed(*parts: object) -> int:
+    """A 63-bit seed that depends only on `parts` (hashed, so it is the same in every process and run)."""
+    digest = hashlib.sha256("/".join(map(str, parts)).encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
+
+
+def turn_seed(episode_seed: int, turn: int) -> int:
+    """The sampling seed of one turn of an episode."""
+    return stable_seed(episode_seed, turn)
 
 
 def _start_episode(

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import logging
 import math
@@ -53,6 +52,7 @@ import yaml
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ragen2.agent import GenerationBackend, HFBackend, RolloutStats, Trajectory, group_seeds, rollout, summarize
+from ragen2.agent.rollout import stable_seed
 from ragen2.agent.vllm_backend import VLLMBackend
 from ragen2.collapse.alarm import AlarmDecision
 from ragen2.collapse.grad_snr import grad_snr_probe, group_reward_variance
@@ -689,8 +689,7 @@ def derived_seed(seed: int, step: int, purpose: str) -> int:
     Reseeding every step from this, rather than letting one RNG stream run through the
     whole training, is what makes a resumed run sample exactly like an uninterrupted one.
     """
-    digest = hashlib.sha256(f"{seed}/{step}/{purpose}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
+    return stable_seed(seed, step, purpose)
 
 
 def lr_factor(step: int, warmup_steps: int, schedule: str, total_steps: int) -> float:
