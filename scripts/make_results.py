@@ -163,6 +163,11 @@ def fmt(values: Sequence[float]) -> str:
     return f"{mean:.3g} ± {se:.2g} (n={n})" if n > 1 else f"{mean:.3g} (n=1)"
 
 
+def table_row(labels: Sequence[str], runs: Sequence[Run], columns: Sequence[str]) -> str:
+    """A Markdown row: the labels, then `fmt` of each sweep-table column over `runs`."""
+    return "| " + " | ".join([*labels, *(fmt([r.row[c] for r in runs]) for c in columns)]) + " |"
+
+
 def fmt_diff(d: float, se: float) -> str:
     return f"{d:+.3g} ± {se:.2g}" if math.isfinite(se) else f"{d:+.3g}"
 
@@ -521,9 +526,9 @@ def filter_claims(sweeps: dict[str, Sweep], figures: Path) -> list[Claim]:
             by_filter = {f: [r for r in runs if r.labels.get("algo.name", "grpo") == algo]
                          for f, runs in sweep.groups("filter").items()}
             for f, runs in by_filter.items():
-                body.append(f"| {algo} | {f} | " + " | ".join(fmt([r.row[c] for r in runs]) for c in (
+                body.append(table_row([algo, f], runs, (
                     "peak_success", "final_success", "mi_zscore_ema_traj", "retrieval_acc_ft", "token_entropy",
-                    "train_step_s", "kept_ratio")) + " |")
+                    "train_step_s", "kept_ratio")))
             paper_runs, none_runs = by_filter.get("paper", []), by_filter.get("none", [])
             d, se = difference([r.row["peak_success"] for r in paper_runs], [r.row["peak_success"] for r in none_runs])
             time_ratio = mean_se([r.row["train_step_s"] for r in paper_runs])[0] / mean_se(
@@ -564,8 +569,8 @@ def quartile_claim(sweeps: dict[str, Sweep], figures: Path) -> Claim:
             "| quartile | peak success | final success | final MI-ZScore-EMA (traj) | final Retrieval-Acc (first turn) | "
             "token entropy |", "|---|---|---|---|---|---|"]
     for q, runs in sorted(groups.items(), key=lambda kv: float(kv[0])):
-        body.append(f"| Q{int(float(q))} | " + " | ".join(fmt([r.row[c] for r in runs]) for c in (
-            "peak_success", "final_success", "mi_zscore_ema_traj", "retrieval_acc_ft", "token_entropy")) + " |")
+        body.append(table_row([f"Q{int(float(q))}"], runs, (
+            "peak_success", "final_success", "mi_zscore_ema_traj", "retrieval_acc_ft", "token_entropy")))
     q = [float(r.labels["filter.value"]) for r in sweep.runs]
     rho_success = spearman_ci(q, [r.row["peak_success"] for r in sweep.runs])
     rho_mi = spearman_ci(q, [r.row["mi_zscore_ema_traj"] for r in sweep.runs])
@@ -605,8 +610,8 @@ def levels_claim(sweeps: dict[str, Sweep], figures: Path) -> Claim:
             "| level | final MI-ZScore-EMA (traj) | final MI-Est (traj) | final Retrieval-Acc (first turn) | peak success | "
             "step time (s) |", "|---|---|---|---|---|---|"]
     for level, runs in groups.items():
-        body.append(f"| {level} | " + " | ".join(fmt([r.row[c] for r in runs]) for c in (
-            "mi_zscore_ema_traj", "mi_est_traj", "retrieval_acc_ft", "peak_success", "train_step_s")) + " |")
+        body.append(table_row([level], runs, (
+            "mi_zscore_ema_traj", "mi_est_traj", "retrieval_acc_ft", "peak_success", "train_step_s")))
     d, se = difference([r.row["mi_zscore_ema_traj"] for r in groups.get("prompt", [])],
                        [r.row["mi_zscore_ema_traj"] for r in groups.get("trajectory", [])])
     verdict = "reproduced" if d > 0 and significant(d, se) else "partly" if d > 0 else "not reproduced"
