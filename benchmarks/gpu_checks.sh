@@ -1,45 +1,56 @@
 #!/usr/bin/env bash
-# The GPU checks recorded in docs/benchmarks.md, in one script:
-#   1. `ragen2 eval` of the tiny policy on CPU and on CUDA (same seeds): success rates and time per episode;
-#   2. the scoring benchmark with a Qwen2.5-0.5B-shaped model (random weights) on CUDA;
-#   3. a short training run of a ~100M-parameter Qwen2 built from config, on CUDA: tokens/s and timing.
-# Usage: OUT=results_dir RAGEN2_CACHE=dir_with_tiny_policy bash benchmarks/gpu_checks.sh
+# The GPU checks recorded in docs/benchmarks.md and docs/results.md, in one script (about 8 minutes
+# on one H200):
+#   1. the default run (`ragen2 train`: tiny policy, Sokoban, GRPO, filter and diagnostics on) on
+#      CUDA, 1 process, HF backend: step time, generated tokens/s and peak memory
+#      (benchmarks/step_throughput.py, Part 1); the same on the machine's CPU cores as the baseline;
+#   2. a 25M-parameter policy warm-started from scratch on the GPU, and its held-out success;
+#   3. experiments/filter_sokoban_gpu.yaml with that policy: the paper's filter vs none, 3 seeds,
+#      all six runs at once on the GPU.
+# Usage: OUT=results_dir bash benchmarks/gpu_checks.sh
+# The variables below shrink it for a rehearsal on a CPU (DEVICE=cpu and small settings);
+# DEADLINE_S stops the sweep in time to pack what it has when the whole script must end by then.
 set -uo pipefail
 OUT=${OUT:-gpu-results}
-mkdir -p "$OUT"
+DEVICE=${DEVICE:-cuda}
+POLICY=${POLICY:-/tmp/policy-25m}
+POLICY_SETTINGS=${POLICY_SETTINGS:-hidden_size=512 num_layers=8 num_heads=8 num_kv_heads=4 intermediate_size=1536 lr=1e-3 steps=1500}
+DEFAULT_STEPS=${DEFAULT_STEPS:-6}
+EVAL_EPISODES=${EVAL_EPISODES:-200}
+SWEEP_OVERRIDES=${SWEEP_OVERRIDES:-}
+SWEEP_JOBS=${SWEEP_JOBS:-6}
+SWEEP_THREADS=${SWEEP_THREADS:-2}
+SWEEP_DIR=${SWEEP_DIR:-sweeps/filter_sokoban_gpu}
+DEADLINE_S=${DEADLINE_S:-100000}
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+mkdir -p "$OUT"
+start=$(date +%s)
+stage() { echo; echo "=== $1 (at $(( $(date +%s) - start )) s)"; }
+
+stage "machine"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || echo "no nvidia-smi"
 $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available())"
+$PY -m ragen2 warmstart   # the tiny policy: reused when $RAGEN2_CACHE holds it
 
-/usr/bin/time -f "warmstart wall %e s" $PY -m ragen2 warmstart   # reused when cached
+stage "1. default run on $DEVICE, 1 process"
+$PY benchmarks/step_throughput.py --skip-trl --device "$DEVICE" --steps "$DEFAULT_STEPS" --out "$OUT/default_$DEVICE.json"
 
-for dev in cpu cuda; do
-  /usr/bin/time -f "eval sokoban $dev wall %e s" $PY -m ragen2 eval tiny --env sokoban --episodes 200 --device $dev --out "$OUT/eval_sokoban_$dev.json" --no-random
-done
-$PY -m ragen2 eval tiny --env frozenlake --episodes 200 --device cuda --out "$OUT/eval_frozenlake_cuda.json"
+stage "2. warm start of a larger policy on $DEVICE (the CPU baseline of 1. runs meanwhile, on 8 threads)"
+$PY benchmarks/step_throughput.py --skip-trl --device cpu --threads 8 --steps 3 --out "$OUT/default_cpu.json" \
+  > "$OUT/default_cpu.log" 2>&1 &
+baseline=$!
+# shellcheck disable=SC2086  # POLICY_SETTINGS is a list of KEY=VALUE words
+$PY -m ragen2 warmstart --device "$DEVICE" --out "$POLICY" $POLICY_SETTINGS
+cp "$POLICY/warmstart.json" "$OUT/policy_warmstart.json"
+$PY -m ragen2 eval "$POLICY" --env sokoban --episodes "$EVAL_EPISODES" --device "$DEVICE" --out "$OUT/policy_eval_sokoban.json"
+wait $baseline
+cat "$OUT/default_cpu.log"
 
-$PY benchmarks/scoring.py --preset qwen2.5-0.5b --device cuda --dtype bfloat16 --out "$OUT/scoring_cuda.json"
-
-$PY - <<'PYEOF'
-from ragen2.models.loading import resolve_model_path
-from ragen2.models.tiny import build_model
-from transformers import AutoTokenizer
-tok = AutoTokenizer.from_pretrained(resolve_model_path(None))
-model = build_model(tok, hidden_size=768, num_layers=12, num_heads=12, num_kv_heads=4, intermediate_size=3072)
-print("parameters:", model.num_parameters())
-model.save_pretrained("/tmp/qwen2-100m"); tok.save_pretrained("/tmp/qwen2-100m")
-PYEOF
-$PY -m ragen2 train sokoban model.path=/tmp/qwen2-100m model.device=cuda trainer.total_steps=4 trainer.eval_every=0 \
-  trainer.save_every=0 rollout.group_size=16 logging.progress=false trainer.run_dir="$OUT/run100m"
-$PY - "$OUT/run100m" <<'PYEOF'
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1] + "/metrics.jsonl")]
-for r in rows:
-    if "rollout/turns_mean" not in r:
-        continue
-    episodes = 8 * 16  # rollout.num_groups x rollout.group_size
-    tokens = r["rollout/response_tokens_mean"] * r["rollout/turns_mean"] * episodes
-    print(f"step {r['step']}: generated tokens/s {tokens / r['timing_s/rollout']:.0f}",
-          {k: round(v, 3) for k, v in r.items() if k.startswith(("timing_s/", "system/")) and v is not None})
-PYEOF
+stage "3. filter vs no filter with the larger policy, $SWEEP_JOBS runs at once"
+# shellcheck disable=SC2086
+timeout $(( DEADLINE_S - ($(date +%s) - start) - 20 )) $PY -m ragen2 sweep experiments/filter_sokoban_gpu.yaml model.path="$POLICY" model.device="$DEVICE" $SWEEP_OVERRIDES \
+  --jobs "$SWEEP_JOBS" --threads "$SWEEP_THREADS" --out "$SWEEP_DIR"
+cat "$SWEEP_DIR/sweep.md"
+tar czf "$OUT/filter_sokoban_gpu.tgz" --exclude=checkpoints "$SWEEP_DIR"
+stage "done"

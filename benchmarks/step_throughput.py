@@ -188,6 +188,8 @@ def run_default(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
         "tokens_per_generate_s": sum(tokens) / sum(generate_s) if sum(generate_s) else float("nan"),
         "tokens_per_step_s": sum(tokens) / sum(step_s) if sum(step_s) else float("nan"),
         "episodes_per_s": episodes * len(step_s) / sum(step_s) if sum(step_s) else float("nan"),
+        # The trainer's per-step peak: allocated CUDA memory on a GPU, the process's resident set on a CPU.
+        "peak_memory_mb": max(r["system/peak_memory_mb"] for r in records),
         "phases": phase_rows,
         "per_step": [{k: v for k, v in r.items() if k.startswith(("timing_s/", "rollout/", "filter/")) or k == "step"}
                      for r in records],
@@ -198,10 +200,11 @@ def print_default(result: dict[str, Any]) -> None:
     print(f"\nPart 1: {result['config']}; {result['steps']} steps, first {result['skipped_warmup_steps']} "
           "left out (seconds are means over the measured steps)")
     print(_table(
-        ["step_s", "step_s w/o diagnose", "tokens/step", "tokens/s of generate", "tokens/s of step", "episodes/s"],
+        ["step_s", "step_s w/o diagnose", "tokens/step", "tokens/s of generate", "tokens/s of step", "episodes/s",
+         "peak memory MB"],
         [[f"{result['step_s']:.2f}", f"{result['step_s_without_diagnose']:.2f}",
           f"{result['generated_tokens_per_step']:.0f}", f"{result['tokens_per_generate_s']:.1f}",
-          f"{result['tokens_per_step_s']:.1f}", f"{result['episodes_per_s']:.2f}"]],
+          f"{result['tokens_per_step_s']:.1f}", f"{result['episodes_per_s']:.2f}", f"{result['peak_memory_mb']:.0f}"]],
     ))
     rows = []
     for phase, row in result["phases"].items():

@@ -48,10 +48,14 @@ def _config_help() -> str:
 
 
 def cmd_warmstart(args: argparse.Namespace) -> int:
-    from ragen2.models.warmstart import warmstart
+    from ragen2.models.warmstart import parse_settings, warmstart
 
     envs = tuple(e.strip() for e in args.envs.split(","))
-    path = warmstart(out_dir=Path(args.out) if args.out else None, seed=args.seed, force=args.force, envs=envs)
+    settings = parse_settings(args.settings)
+    path = warmstart(
+        out_dir=Path(args.out) if args.out else None, seed=args.seed, force=args.force, device=args.device,
+        envs=envs, **settings,
+    )
     print(f"tiny policy ready: {path}")
     return 0
 
@@ -201,6 +205,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="Comma-separated environments to demonstrate (default: sokoban,frozenlake,bandit, the default policy; "
         "countdown is the Countdown preset's policy and countdown,math,searchqa,code,webshop the one the math, "
         "searchqa, code and webshop presets use: model.path=tiny:ENV,...).",
+    )
+    p.add_argument("--device", default="cpu", help="Where the fine-tuning runs: cpu | cuda (default: cpu).")
+    p.add_argument(
+        "settings", nargs="*", metavar="KEY=VALUE",
+        help="Model and training settings over the defaults, for a larger policy on a GPU, e.g. hidden_size=512 "
+        "num_layers=8 num_heads=8 num_kv_heads=4 intermediate_size=1536 lr=1e-3 (with --out, then "
+        "model.path=OUT). Keys: episodes_per_env, vocab_size, hidden_size, num_layers, num_heads, num_kv_heads, "
+        "intermediate_size, steps, lr, warmup_steps, weight_decay, batch_tokens, grad_clip.",
     )
     p.set_defaults(func=cmd_warmstart)
 

@@ -174,10 +174,14 @@ def ensure_tiny_policy(seed: int = 0, cache_dir: str | Path | None = None, envs:
     return warmstart(cache_path(_make_config(seed, {"envs": envs}), cache_dir), seed=seed, envs=envs)
 
 
-def warmstart(out_dir: str | Path | None = None, seed: int = 0, force: bool = False, **settings: Any) -> Path:
+def warmstart(
+    out_dir: str | Path | None = None, seed: int = 0, force: bool = False, device: str = "cpu", **settings: Any
+) -> Path:
     """Build the warm-started tiny policy into `out_dir` (default: the cache) and return that directory.
 
-    `settings` are `WarmStartConfig` fields (steps, envs, episodes_per_env, ...). A directory
+    `settings` are `WarmStartConfig` fields (steps, envs, episodes_per_env, hidden_size, ...).
+    `device` is where the fine-tuning runs ("cuda" for a larger model); it is not part of the
+    key, since CPU and GPU builds of the same settings differ only by float rounding. A directory
     that already holds a warm start with the same settings is reused unless `force`. The
     result appears atomically: it is written to a temporary sibling and renamed, so an
     interrupted run never leaves a directory that looks complete. It loads with
@@ -197,7 +201,7 @@ def warmstart(out_dir: str | Path | None = None, seed: int = 0, force: bool = Fa
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        _build(config, tmp)
+        _build(config, tmp, torch.device(device))
         if force and out.exists():
             shutil.rmtree(out)
         try:
@@ -213,6 +217,33 @@ def warmstart(out_dir: str | Path | None = None, seed: int = 0, force: bool = Fa
         raise
     log.info("warm start: saved %s", out)
     return out
+
+
+# Settings a user may set on the command line (`ragen2 warmstart hidden_size=512 ...`); seed and
+# envs have their own flags, the per-environment dictionaries stay code-level.
+CLI_SETTINGS = (
+    "episodes_per_env", "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
+    "intermediate_size", "steps", "lr", "warmup_steps", "weight_decay", "batch_tokens", "grad_clip",
+)
+
+
+def parse_settings(overrides: list[str]) -> dict[str, Any]:
+    """`["hidden_size=512", "lr=1e-3"]` -> {"hidden_size": 512, "lr": 0.001}, typed like the field."""
+    fields = {f.name: f for f in dataclasses.fields(WarmStartConfig)}
+    settings: dict[str, Any] = {}
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or key not in CLI_SETTINGS:
+            raise ConfigError(
+                f"warmstart setting {item!r} is not allowed: use KEY=VALUE with KEY one of {', '.join(CLI_SETTINGS)}."
+                + did_you_mean(key, CLI_SETTINGS)
+            )
+        kind = float if fields[key].type == "float" else int
+        try:
+            settings[key] = kind(value)
+        except ValueError:
+            raise ConfigError(f"warmstart setting {item!r}: {value!r} is not a{'n integer' if kind is int else ' number'}") from None
+    return settings
 
 
 def _make_config(seed: int, settings: dict[str, Any]) -> WarmStartConfig:
@@ -232,7 +263,7 @@ def _stored_key(path: Path) -> str | None:
         return None
 
 
-def _build(config: WarmStartConfig, out: Path) -> None:
+def _build(config: WarmStartConfig, out: Path, device: torch.device) -> None:
     """The warm start proper: demos, tokenizer, model, SFT, then save into `out`."""
     start = time.perf_counter()
     rng = np.random.default_rng(config.seed)
@@ -261,10 +292,10 @@ def _build(config: WarmStartConfig, out: Path) -> None:
         max_position_embeddings=max(4096, 2 * max(lengths)),
         seed=config.seed,
     )
-    log.info("warm start: model of %.2fM parameters", model.num_parameters() / 1e6)
-    losses = sft(model, tokenizer, samples, env_of_sample, config, rng)
+    log.info("warm start: model of %.2fM parameters on %s", model.num_parameters() / 1e6, device)
+    losses = sft(model.to(device), tokenizer, samples, env_of_sample, config, rng)
 
-    model.save_pretrained(out)
+    model.cpu().save_pretrained(out)
     tokenizer.save_pretrained(out)
     tail = losses[-max(1, len(losses) // 10) :]
     info = {
@@ -370,13 +401,14 @@ def mixed_loss(model: PreTrainedModel, parts: list[list[tuple[list[int], list[in
     """
     # A prefix must end before the predecessor of the first scored token: position t predicts token t+1.
     cut = [min(_common_prefix_length([seq for seq, _ in part]), min(m.index(1) for _, m in part) - 1) for part in parts]
-    prefix_ids, _, prefix_attention = _pad([(part[0][0][:p], [0] * p) for part, p in zip(parts, cut)], pad_id)  # [E, P]
+    device = model.device
+    prefix_ids, _, prefix_attention = _pad([(part[0][0][:p], [0] * p) for part, p in zip(parts, cut)], pad_id, device)  # [E, P]
     cache = model.base_model(input_ids=prefix_ids, attention_mask=prefix_attention, use_cache=True).cache
-    part_of_row = torch.tensor([e for e, part in enumerate(parts) for _ in part])  # [B]
+    part_of_row = torch.tensor([e for e, part in enumerate(parts) for _ in part], device=device)  # [B]
     cache.batch_select_indices(part_of_row)  # [E, ...] -> [B, ...] per layer
-    ids, mask, attention = _pad([(seq[p:], m[p:]) for part, p in zip(parts, cut) for seq, m in part], pad_id)  # [B, S]
+    ids, mask, attention = _pad([(seq[p:], m[p:]) for part, p in zip(parts, cut) for seq, m in part], pad_id, device)  # [B, S]
     attention = torch.cat([prefix_attention[part_of_row], attention], dim=1)  # [B, P+S]
-    positions = torch.tensor(cut)[part_of_row, None] + torch.arange(ids.shape[1])  # [B, S]
+    positions = torch.tensor(cut, device=device)[part_of_row, None] + torch.arange(ids.shape[1], device=device)  # [B, S]
     hidden = model.base_model(input_ids=ids, attention_mask=attention, position_ids=positions, cache=cache).last_hidden_state
     # hidden: [B, S, H]. Only scored positions go through the output layer: most of a sequence is prompt.
     scored = mask[:, 1:].bool()  # [B, S-1]
@@ -410,8 +442,10 @@ def _length_buckets(samples: list[tuple[list[int], list[int]]], batch_tokens: in
     return [batches[j] for j in rng.permutation(len(batches))]
 
 
-def _pad(batch: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-pad to the longest sequence: input ids, loss mask and attention mask, each [B, T]."""
+def _pad(
+    batch: list[tuple[list[int], list[int]]], pad_id: int, device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-pad to the longest sequence: input ids, loss mask and attention mask, each [B, T], on `device`."""
     width = max(len(ids) for ids, _ in batch)
     ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(batch), width), dtype=torch.long)
@@ -420,7 +454,7 @@ def _pad(batch: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.T
         ids[row, : len(seq)] = torch.tensor(seq)
         mask[row, : len(seq)] = torch.tensor(seq_mask)
         attention[row, : len(seq)] = 1
-    return ids, mask, attention
+    return ids.to(device), mask.to(device), attention.to(device)
 
 
 def _lr_at(step: int, config: WarmStartConfig) -> float:

@@ -102,10 +102,10 @@ def test_a_concurrent_build_that_finishes_first_is_kept(tmp_path, monkeypatch):
     out = tmp_path / "policy"
     build = ws._build
 
-    def racing_build(config, tmp):
-        build(config, tmp)
+    def racing_build(config, tmp, device):
+        build(config, tmp, device)
         out.mkdir()
-        build(config, out)  # another process saves the same warm start meanwhile
+        build(config, out, device)  # another process saves the same warm start meanwhile
 
     monkeypatch.setattr(ws, "_build", racing_build)
     assert ws.warmstart(out, seed=0, **TINY) == out
@@ -222,3 +222,23 @@ def test_episode_shares_scale_each_env_and_keep_at_least_one_episode():
         ws.WarmStartConfig(episode_shares={"math": 0})
     with pytest.raises(ConfigError, match="env_turns"):
         ws.WarmStartConfig(env_turns={"math": (0, 1)})
+
+
+def test_command_line_settings_are_typed_like_their_fields_and_bad_ones_name_the_allowed_keys():
+    assert ws.parse_settings(["hidden_size=512", "lr=1e-3", "steps=10"]) == {"hidden_size": 512, "lr": 0.001, "steps": 10}
+    assert isinstance(ws.parse_settings(["lr=1"])["lr"], float)
+    with pytest.raises(ConfigError, match="hidden_size"):  # a typo names the close key
+        ws.parse_settings(["hiden_size=512"])
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        ws.parse_settings(["hidden_size"])
+    with pytest.raises(ConfigError, match="not an integer"):
+        ws.parse_settings(["num_layers=2.5"])
+
+
+def test_cli_builds_a_policy_of_the_given_size_into_out(tmp_path):
+    from ragen2.cli import main
+
+    settings = [f"{k}={v}" for k, v in TINY.items()] + ["hidden_size=48"]
+    assert main(["warmstart", "--out", str(tmp_path / "p"), "--device", "cpu", *settings]) == 0
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "p").config.hidden_size == 48
+    assert main(["warmstart", "--out", str(tmp_path / "q"), "depth=3"]) == 2  # error message, no traceback
