@@ -15,6 +15,14 @@ is one run of `ragen2 train` in its own directory, named from its values:
     seeds: [0, 1, 2]                          # trainer.seed, the innermost repetition
     exclude:                                  # optional: drop points whose labels match
       - {algo.name: ppo, filter: none}
+    warmstart:                                # optional: the policy of every run, warm-started
+      envs: [frozenlake]                      # (and cached) before the first run starts;
+      steps: 700                              # keys of ragen2.models.warmstart.WarmStartConfig
+
+`warmstart` lets an experiment bring its own policy, e.g. one warm-started only part of the way
+so that RL has room to improve it: the sweep builds it like `ragen2 warmstart` (once; cached by
+its settings) and sets `model.path` to it, unless an override sets `model.path`. `device: cuda`
+in it fine-tunes on a GPU.
 
 `preset` may also be an axis or sit in a bundle (environments need their own presets). The
 run of algo.name=ppo, filter=paper, seed 1 lives in `OUT/algo.name=ppo__filter=paper__seed=1`.
@@ -45,7 +53,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +67,7 @@ from ragen2.tracking import read_metrics
 
 log = logging.getLogger(__name__)
 
-SPEC_KEYS = ("description", "preset", "base", "axes", "seeds", "exclude")
+SPEC_KEYS = ("description", "preset", "base", "axes", "seeds", "exclude", "warmstart")
 GRID_FILE = "sweep.json"  # the expanded grid, written next to the run directories
 STATUS_FILE = "sweep_run.json"  # in a run directory: how its last training process ended
 LOG_FILE = "train.log"  # in a run directory: the training process's stdout and stderr
@@ -98,6 +106,7 @@ class Spec:
     axes: dict[str, dict[str, dict[str, Any]]]  # axis -> label -> overrides (`preset` included)
     seeds: list[int]
     exclude: list[dict[str, str]]
+    warmstart: dict[str, Any] | None = None  # WarmStartConfig settings (and `device`) of the runs' policy
 
     def points(self, overrides: dict[str, Any] | None = None, seeds: Sequence[int] | None = None) -> list[Point]:
         """Every grid point that no `exclude` entry matches; seeds vary slowest, so a partial
@@ -158,6 +167,9 @@ def load_spec(path: Path) -> Spec:
         for axis in entry:
             if axis not in axes and axis != "seed":
                 raise ConfigError(f"{path}: exclude names {axis!r}, which is not an axis; axes: {', '.join(axes)}")
+    warmstart = data.get("warmstart")
+    if warmstart is not None:
+        warmstart = _check_warmstart(path, warmstart)
     return Spec(
         name=path.stem,
         description=str(data.get("description", "")).strip(),
@@ -166,7 +178,34 @@ def load_spec(path: Path) -> Spec:
         axes=axes,
         seeds=list(seeds),
         exclude=[{str(k): _yaml_value(v) for k, v in e.items()} for e in exclude],
+        warmstart=warmstart,
     )
+
+
+def _check_warmstart(path: Path, settings: Any) -> dict[str, Any]:
+    """The spec's `warmstart` mapping, checked by building its WarmStartConfig (nothing is trained)."""
+    from ragen2.models.warmstart import WarmStartConfig, make_config
+
+    allowed = [f.name for f in fields(WarmStartConfig)] + ["device"]
+    if not isinstance(settings, dict):
+        raise ConfigError(f"{path}: warmstart must map warm-start settings to values, e.g. {{envs: [frozenlake], steps: 700}}")
+    for key in settings:
+        if key not in allowed:
+            raise ConfigError(f"{path}: unknown warmstart key {key!r}; valid: {', '.join(allowed)}." + did_you_mean(key, allowed))
+    settings = {k: tuple(v) if k == "envs" else v for k, v in settings.items()}
+    make_config(settings.get("seed", 0), {k: v for k, v in settings.items() if k not in ("seed", "device")})
+    return settings
+
+
+def warmstart_policy(settings: dict[str, Any], build: bool) -> Path:
+    """The directory of the spec's warm-started policy in the cache; trained first when `build` and not cached."""
+    from ragen2.models.warmstart import cache_path, make_config, warmstart
+
+    seed, device = settings.get("seed", 0), settings.get("device", "cpu")
+    config_settings = {k: v for k, v in settings.items() if k not in ("seed", "device")}
+    if build:
+        return warmstart(seed=seed, device=device, **config_settings)
+    return cache_path(make_config(seed, config_settings))
 
 
 # ----------------------------------------------------------------------------- running
@@ -236,6 +275,9 @@ def run_sweep(
             threads = max(1, min(threads, int(os.environ["OMP_NUM_THREADS"])))
     if jobs * threads > cores:
         raise ConfigError(f"--jobs {jobs} x --threads {threads} exceeds the {cores} cores available")
+    if spec.warmstart is not None and "model.path" not in extra:
+        policy = warmstart_policy(spec.warmstart, build=not dry_run)
+        spec.base = spec.base | {"model.path": str(policy)}
     points = spec.points(extra, seeds)
     for point in points:  # every config is checked before anything runs
         check_config(point, out / point.name)

@@ -33,7 +33,8 @@ from scipy.stats import rankdata, spearmanr
 
 from ragen2.sweep import GRID_FILE, STATUS_FILE, mean_se, read_grid, read_sweep, series
 
-EXPERIMENTS = ("collapse", "mechanism", "filter_sokoban", "filter_frozenlake", "filter_countdown", "quartiles", "levels")
+EXPERIMENTS = ("collapse", "mechanism", "filter_sokoban", "filter_frozenlake", "filter_frozenlake_partway", "filter_countdown",
+               "quartiles", "levels")
 GPU_EXPERIMENTS = ("filter_sokoban_gpu",)  # run by benchmarks/gpu_checks.sh, which needs a GPU
 SIGNIFICANT_SE = 2.0  # a difference counts as real when it exceeds this many standard errors
 ENTROPY_BAND = 0.25  # "entropy stays within a band": late mean within +-25% of the early mean
@@ -506,6 +507,7 @@ FILTER_PAPER = {"sokoban": "12.9 → 28.9", "frozenlake": "67.0 → 77.9", "coun
 FILTER_SWEEPS = {
     "filter_sokoban": ("sokoban", "", ""),
     "filter_frozenlake": ("frozenlake", "", ""),
+    "filter_frozenlake_partway": ("frozenlake", ", part-way warm start", ""),
     "filter_countdown": ("countdown", "", ""),
     "filter_sokoban_gpu": (
         "sokoban", ", 25M-parameter policy on a GPU",

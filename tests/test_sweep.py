@@ -67,6 +67,8 @@ def test_grid_expansion_names_overrides_and_exclusions(tmp_path):
         ({"seeds": [0, "1"]}, r"seeds must be a non-empty list of integers"),
         ({"axis": {}}, r"unknown spec key 'axis'.*Did you mean: axes"),
         ({"axes": {"algo.name": ["grpo"]}, "exclude": [{"algo": "grpo"}]}, r"exclude names 'algo', which is not an axis"),
+        ({"warmstart": {"stpes": 3}}, r"unknown warmstart key 'stpes'.*Did you mean: steps"),
+        ({"warmstart": {"envs": ["frozenlake"], "steps": 0}}, r"warmstart steps=0 is not allowed"),
     ],
 )
 def test_bad_specs_refused(tmp_path, spec, message):
@@ -194,3 +196,23 @@ def test_cli_dry_run_and_tables_only(tiny_sweep, capsys):
     tables = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO)
     assert tables.returncode == 0, tables.stderr
     assert (out / "sweep.md").is_file() and f"wrote {out / 'sweep.csv'}" in tables.stdout
+
+
+def test_spec_warmstart_builds_the_policy_once_and_every_run_uses_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAGEN2_CACHE", str(tmp_path / "cache"))
+    settings = {"envs": ["bandit"], "episodes_per_env": 4, "steps": 2, "warmup_steps": 1, "vocab_size": 300,
+                "hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64}
+    spec = write_spec(tmp_path / "ws.yaml", {
+        "preset": "bandit", "warmstart": settings,
+        "base": {"model.device": "cpu", "rollout.num_groups": 2, "rollout.group_size": 2, "rollout.max_tokens_per_turn": 8,
+                 "trainer.total_steps": 1, "trainer.eval_every": 0, "trainer.save_every": 0, "collapse.enable": False,
+                 "logging.tensorboard": False, "filter.strategy": "none", "filter.include_zero": True},
+        "seeds": [0],
+    })
+    assert sweep.run_sweep(spec, tmp_path / "out", dry_run=True) == {"seed=0": "start"}
+    assert not (tmp_path / "cache").exists()  # a dry run names the policy but trains nothing
+    assert sweep.run_sweep(spec, tmp_path / "out", threads=1) == {"seed=0": "done"}
+    policies = list((tmp_path / "cache").iterdir())
+    assert len(policies) == 1 and json.loads((policies[0] / "warmstart.json").read_text())["settings"]["hidden_size"] == 32
+    config = yaml.safe_load((tmp_path / "out" / "seed=0" / "config.yaml").read_text())
+    assert Path(config["model"]["path"]) == policies[0]

@@ -171,7 +171,7 @@ def cache_path(config: WarmStartConfig, cache_dir: str | Path | None = None) -> 
 
 def ensure_tiny_policy(seed: int = 0, cache_dir: str | Path | None = None, envs: tuple[str, ...] = CORE_ENVS) -> Path:
     """The directory of the tiny policy warm-started on `envs`, built on first use and cached after."""
-    return warmstart(cache_path(_make_config(seed, {"envs": envs}), cache_dir), seed=seed, envs=envs)
+    return warmstart(cache_path(make_config(seed, {"envs": envs}), cache_dir), seed=seed, envs=envs)
 
 
 def warmstart(
@@ -187,7 +187,7 @@ def warmstart(
     interrupted run never leaves a directory that looks complete. It loads with
     `AutoModelForCausalLM.from_pretrained` and `AutoTokenizer.from_pretrained`.
     """
-    config = _make_config(seed, settings)
+    config = make_config(seed, settings)
     out = Path(out_dir) if out_dir is not None else cache_path(config)
     if out.exists() and not force:
         if _stored_key(out) == config.key():
@@ -246,7 +246,7 @@ def parse_settings(overrides: list[str]) -> dict[str, Any]:
     return settings
 
 
-def _make_config(seed: int, settings: dict[str, Any]) -> WarmStartConfig:
+def make_config(seed: int, settings: dict[str, Any]) -> WarmStartConfig:
     """`settings` over the defaults of their `envs` (POLICY_SETTINGS) over WarmStartConfig's."""
     names = [f.name for f in dataclasses.fields(WarmStartConfig)]
     for key in settings:

@@ -204,10 +204,10 @@ def test_the_two_built_in_warm_starts_cover_every_env_in_its_preset_turn_layout(
 
 
 def test_policy_settings_apply_to_their_envs_and_give_way_to_explicit_settings(tmp_path):
-    countdown = ws._make_config(0, {"envs": ("countdown",)})
+    countdown = ws.make_config(0, {"envs": ("countdown",)})
     assert (countdown.num_layers, countdown.episodes_per_env) == (4, 12000)
-    assert ws._make_config(0, {"envs": ("countdown",), "num_layers": 3}).num_layers == 3
-    assert ws._make_config(0, {"envs": ("countdown", "math")}).num_layers == ws.WarmStartConfig().num_layers
+    assert ws.make_config(0, {"envs": ("countdown",), "num_layers": 3}).num_layers == 3
+    assert ws.make_config(0, {"envs": ("countdown", "math")}).num_layers == ws.WarmStartConfig().num_layers
     # the cache directory of `tiny:countdown` is named by the settings it is built with
     assert ws.cache_path(countdown, tmp_path).name == f"tiny-policy-{countdown.key()}"
 
