@@ -46,6 +46,12 @@ class ModelConfig:
         ["q_proj", "k_proj", "v_proj", "o_proj"], "Module names LoRA adapts."
     )
     gradient_checkpointing: bool = _f(False, "Trade compute for activation memory (large models).")
+    fsdp: bool = _f(
+        False,
+        "Shard the training state (weights, gradients, Adam) over the processes with FSDP, for policies "
+        "whose training state does not fit one device; rollouts use a full replica (docs/scaling.md). "
+        "Needs several processes; on under `accelerate launch` with distributed_type: FSDP.",
+    )
 
 
 @dataclass
@@ -546,6 +552,13 @@ def validate(config: Config) -> None:
             f"rollout.backend=vllm pushes full weights to vLLM, but model.lora_rank={config.model.lora_rank}; "
             "set model.lora_rank=0 or rollout.backend=hf."
         )
+    if config.model.fsdp:
+        unsupported = [(config.model.lora_rank > 0, f"model.lora_rank={config.model.lora_rank} (LoRA)"),
+                       (a.name == "ppo", "algo.name=ppo (its critic is not sharded)"),
+                       (config.grad_snr.enable, "grad_snr.enable=true (the probe needs full gradients)")]
+        for refused, what in unsupported:
+            if refused:
+                raise ConfigError(f"model.fsdp=true does not work with {what}; turn one of them off (docs/scaling.md)")
     if config.trainer.eval_temperature < 0:
         raise ConfigError(f"trainer.eval_temperature={config.trainer.eval_temperature} must be >= 0")
     if a.clip_low < 0 or a.clip_high < 0:

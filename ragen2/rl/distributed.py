@@ -13,7 +13,8 @@ step like this (docs/scaling.md):
     update     every rank holds the whole kept batch of token ids; the model work on it is split
                by rows (`my_rows`), losses are normalised by the whole mini-batch's counts and
                gradients summed over ranks (`all_reduce_grads`): each optimizer step applies
-               the gradient a single process would compute
+               the gradient a single process would compute (with model.fsdp a sharded copy
+               of the policy trains instead and FSDP reduces the gradients: ragen2.rl.fsdp)
     evaluate,  on rank 0 (`on_main`); the others receive its result
     checkpoint,
     logging
@@ -62,12 +63,6 @@ def process_group(device_type: str) -> Iterator[None]:
     gloo on CPU, NCCL on CUDA (each process on GPU `LOCAL_RANK`). Without WORLD_SIZE > 1, or
     when the caller already initialised torch.distributed, nothing is done.
     """
-    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
-        raise ConfigError(
-            "the accelerate config asks for FSDP (distributed_type: FSDP), which ragen2 does not support yet; "
-            "use distributed_type: MULTI_GPU (data parallel) and, for a model that does not fit one GPU, "
-            "model.lora_rank=16 model.gradient_checkpointing=true (docs/scaling.md)"
-        )
     size = int(os.environ.get("WORLD_SIZE", "1"))
     if size <= 1 or dist.is_initialized():
         yield

@@ -36,6 +36,7 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import signal
 import sys
 import threading
@@ -57,13 +58,13 @@ from ragen2.agent.vllm_backend import VLLMBackend
 from ragen2.collapse.alarm import AlarmDecision
 from ragen2.collapse.grad_snr import grad_snr_probe, group_reward_variance
 from ragen2.collapse.online import OnlineDiagnostics
-from ragen2.config import Config, save_config, to_dict
+from ragen2.config import Config, save_config, to_dict, validate
 from ragen2.envs import EVAL_SEED_OFFSET
 from ragen2.errors import CheckpointError, ConfigError
 from ragen2.evaluate import evaluate
 from ragen2.filtering import group_stats, loss_scale, select_groups, select_trajectories
 from ragen2.models.loading import load_policy, resolve_device, resolve_model_path
-from ragen2.rl import distributed
+from ragen2.rl import distributed, fsdp
 from ragen2.rl.advantages import (
     broadcast_to_tokens,
     drgrpo_advantages,
@@ -123,6 +124,8 @@ class Run:
     stop_reason: str | None = None  # set when the run ends before trainer.total_steps
     clean: bool = True  # False while a step's update has changed the weights but is not logged yet
     backend: GenerationBackend | None = None  # rollout engine, built at the first rollout (make_backend)
+    # model.fsdp: the sharded copy that trains; `policy` is then its full replica for everything else
+    trainee: torch.nn.Module | None = None
 
 
 def train(config: Config, resume_dir: Path | None = None) -> str:
@@ -134,6 +137,11 @@ def train(config: Config, resume_dir: Path | None = None) -> str:
     KeyboardInterrupt. Under a multi-process launcher the processes train data-parallel
     (ragen2.rl.distributed); rank 0 returns the table, the others an empty string.
     """
+    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true" and not config.model.fsdp:
+        # `accelerate launch` with distributed_type: FSDP. Its other FSDP_* options are not read:
+        # ragen2 shards every transformer block and the rest (docs/scaling.md).
+        config = dataclasses.replace(config, model=dataclasses.replace(config.model, fsdp=True))
+        validate(config)
     with distributed.process_group(resolve_device(config.model.device).type):
         run = setup(config, resume_dir)
         _train_loop(run)
@@ -372,6 +380,8 @@ def update_phase(run: Run, batch: Batch, step: int, scale: float) -> dict[str, f
         run.tracker.log_event(
             "skipped_nonfinite", f"{skipped} optimizer step(s) skipped: loss or gradient not finite", step
         )
+    if run.trainee is not None:
+        fsdp.sync_replica(run.trainee, run.policy)
     metrics = {f"train/{key}": _finite_mean(values) for key, values in history.items()}
     return metrics | {"train/lr": cfg.optim.lr * factor, "train/skipped_nonfinite": float(skipped)}
 
@@ -383,18 +393,23 @@ def policy_step(run: Run, mini: Batch, scale: float) -> dict[str, float]:
     the accumulated gradient is that of the whole mini-batch's aggregated loss, not a mean of
     per-micro-batch means. With several processes each computes its rows of the mini-batch
     (`distributed.my_rows`) and the gradients and statistics are summed over processes, which
-    by the same normalisation gives the whole mini-batch's. A non-finite loss or gradient norm
-    skips the step: gradients are dropped and the weights and optimizer state stay as they were.
+    by the same normalisation gives the whole mini-batch's (with FSDP, the sharded model sums
+    them itself, and ranks with fewer rows run passes that add nothing, to keep in lockstep).
+    A non-finite loss or gradient norm skips the step: gradients are dropped and the weights
+    and optimizer state stay as they were.
     """
     a = run.config.algo
+    model = run.trainee or run.policy
     agg, norm = _loss_agg(run.config), _norm_tokens(run.config)
     counts = {"batch_tokens": mini.mask.sum(), "batch_seqs": (mini.mask.sum(dim=1) > 0).sum()}
     tokens = counts["batch_tokens"].clamp_min(1)
     totals: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), device=run.device))
     run.optimizer.zero_grad(set_to_none=True)
-    for rows in distributed.my_rows(len(mini), a.micro_batch_size, run.device):
+    micro_batches = distributed.my_rows(len(mini), a.micro_batch_size, run.device)
+    grad_scale = fsdp.gradient_scale() if run.trainee is not None else 1.0
+    for rows in micro_batches:
         mb = mini.select(rows)
-        logits, start = response_logits(run.policy, mb)  # [b, t-1-start, V]
+        logits, start = response_logits(model, mb)  # [b, t-1-start, V]
         logp = F.pad(token_logprobs(logits, mb.targets[:, start:]), (start, 0))  # [b, t-1]
         # Full-vocabulary entropy [b, t-1]; without a bonus it is only logged, so no graph is kept for it.
         entropy = F.pad(entropy_from_logits(logits if a.entropy_coef else logits.detach()), (start, 0))
@@ -407,16 +422,21 @@ def policy_step(run: Run, mini: Batch, scale: float) -> dict[str, float]:
             kl = kl_penalty(logp, mb.ref_logp, a.kl_estimator)  # [b, t-1]
             loss = loss + a.kl_coef * aggregate(kl, mb.mask, agg, norm, **counts)
             totals["kl"] += (kl.detach() * mb.mask).sum() / tokens
-        (scale * loss).backward()
+        (scale * grad_scale * loss).backward()
         share = mb.mask.sum() / tokens  # this micro-batch's part of the mini-batch's tokens
         totals["loss"] += loss.detach()
         totals["policy_loss"] += pg_loss.detach()
         totals["entropy"] += (entropy.detach() * mb.mask).sum() / tokens
         totals["clipfrac"] += pg_stats["clipfrac"] * share
         totals["approx_kl"] += pg_stats["approx_kl"] * share
+    if run.trainee is not None:
+        for _ in range(fsdp.lockstep_passes(len(mini), a.micro_batch_size, len(micro_batches))):
+            logits, _ = response_logits(model, mini.select(torch.arange(1, device=run.device)))
+            (0.0 * logits.sum()).backward()  # joins the other ranks' gathers and gradient reductions
     totals = _sum_over_ranks(totals, ["loss", "policy_loss", "entropy", "clipfrac", "approx_kl"]
                              + (["kl"] if mini.ref_logp is not None else []))
-    distributed.all_reduce_grads(_trainable(run.optimizer))
+    if run.trainee is None:
+        distributed.all_reduce_grads(_trainable(run.optimizer))
     grad_norm = _clip_and_step(run.optimizer, totals.pop("loss"), run.config.optim.grad_clip)
     return {key: value.item() for key, value in totals.items()} | grad_norm
 
@@ -462,13 +482,17 @@ def _evaluate(run: Run, step: int) -> dict[str, float]:
 
 
 def checkpoint_phase(run: Run, step: int) -> None:
-    """Rank 0 writes the checkpoint (every rank holds the same weights and optimizer state); the others wait."""
-    distributed.on_main(lambda: _save(run, step))
+    """Rank 0 writes the checkpoint (every rank holds the same weights and optimizer state); the others wait.
+
+    With FSDP the optimizer state is sharded: every rank first helps gather it whole on rank 0.
+    """
+    optimizer_state = fsdp.full_optimizer_state(run.trainee, run.optimizer) if run.trainee is not None else None
+    distributed.on_main(lambda: _save(run, step, optimizer_state))
 
 
-def _save(run: Run, step: int) -> None:
+def _save(run: Run, step: int, optimizer_state: dict | None = None) -> None:
     state = {
-        "optimizer": run.optimizer.state_dict(),
+        "optimizer": optimizer_state if optimizer_state is not None else run.optimizer.state_dict(),
         "critic_optimizer": run.critic_optimizer.state_dict() if run.critic_optimizer else None,
         "skipped_in_a_row": run.skipped_in_a_row,
         "diagnostics": run.diagnostics.state_dict(),
@@ -525,7 +549,10 @@ def on_interrupt(run: Run) -> None:
     if not run.clean:
         log.warning("aborted inside step %d's update: no checkpoint written (latest: step %d)", run.step + 1, run.saved_step)
         return
-    if run.step > run.saved_step:
+    if run.step > run.saved_step and run.trainee is not None:
+        log.warning("interrupted: with model.fsdp the optimizer state is sharded and gathering it needs every "
+                    "process, so the latest checkpoint (step %d) stands", run.saved_step)
+    elif run.step > run.saved_step:
         if distributed.is_main():  # no collective here: the other ranks may be stopped anywhere
             _save(run, run.step)
             mark_latest(run.run_dir, run.step)
@@ -569,9 +596,17 @@ def setup(config: Config, resume_dir: Path | None = None) -> Run:
         critic.train()
     probe_kl = config.grad_snr.enable and config.grad_snr.kl_reference
     reference = _reference_policy(config, policy, device) if config.algo.kl_coef > 0 or probe_kl else None
+    trainee = None
+    if config.model.fsdp:
+        if distributed.world_size() < 2:
+            raise ConfigError("model.fsdp=true shards over several processes: launch with torchrun or accelerate "
+                              "(docs/scaling.md), or set model.fsdp=false for one process")
+        trainee = fsdp.shard_policy(policy)
+        policy.requires_grad_(False)  # the replica generates and scores; only the shards train
     o = config.optim
     optimizer = torch.optim.AdamW(
-        [p for p in policy.parameters() if p.requires_grad], lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay
+        [p for p in (trainee or policy).parameters() if p.requires_grad], lr=o.lr, betas=tuple(o.betas),
+        weight_decay=o.weight_decay,
     )
     critic_optimizer = None
     if critic is not None:
@@ -584,7 +619,7 @@ def setup(config: Config, resume_dir: Path | None = None) -> Run:
     ) if distributed.is_main() else distributed.SilentTracker()
     diagnostics = OnlineDiagnostics(config.collapse, config.trainer.seed)
     run = Run(config, run_dir, device, policy, tokenizer, optimizer, tracker, diagnostics, critic, critic_optimizer,
-              reference, EarlyStopGuards(config.early_stop))
+              reference, EarlyStopGuards(config.early_stop), trainee=trainee)
     if checkpoint is not None:
         _restore(run, checkpoint)
     return run
@@ -664,7 +699,10 @@ class _AdapterFree(torch.nn.Module):
 def _restore(run: Run, checkpoint) -> None:
     state = checkpoint.state
     try:
-        run.optimizer.load_state_dict(state["optimizer"])
+        if run.trainee is not None:
+            fsdp.load_full_optimizer_state(run.trainee, run.optimizer, state["optimizer"])
+        else:
+            run.optimizer.load_state_dict(state["optimizer"])
         if run.critic_optimizer is not None:
             run.critic_optimizer.load_state_dict(state["critic_optimizer"])
         set_rng_state(state["rng"])
@@ -827,7 +865,7 @@ def _trainable(optimizer: torch.optim.Optimizer) -> list[torch.nn.Parameter]:
 def _clip_and_step(optimizer: torch.optim.Optimizer, loss: torch.Tensor, max_norm: float) -> dict[str, float]:
     """Clip the gradient norm and step, or drop the gradients when the loss or norm is not finite."""
     params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
+    norm = fsdp.grad_norm_value(torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf")))
     if not (torch.isfinite(loss) and torch.isfinite(norm)):
         optimizer.zero_grad(set_to_none=True)
         return {"grad_norm": float("nan"), "skipped_nonfinite": 1.0}

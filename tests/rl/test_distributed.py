@@ -31,7 +31,12 @@ ROOT = Path(__file__).resolve().parents[2]
 STEPS = 2
 
 
-def tiny_config(policy_dir: Path, run_dir: Path) -> Config:
+# With FSDP (no critic yet) GRPO: the random policy's equal returns give no task gradient, so the
+# entropy bonus and the KL penalty make the update's gradient.
+FSDP_OVERRIDES = ("algo.name=grpo", "algo.entropy_coef=0.01", "model.fsdp=true")
+
+
+def tiny_config(policy_dir: Path, run_dir: Path, *overrides: str) -> Config:
     """4 groups x 4 episodes, 2 groups kept; 2 PPO epochs over mini-batches of 7 and 1 sequences (so rank 1 has
     no row in one), KL, evaluations at steps 0 and 2, checkpoints every step."""
     return load_config("bandit", [
@@ -40,13 +45,14 @@ def tiny_config(policy_dir: Path, run_dir: Path) -> Config:
         f"trainer.total_steps={STEPS}", "trainer.eval_every=2", "trainer.eval_episodes=4", "trainer.save_every=1",
         "algo.name=ppo", "algo.kl_coef=0.01", "algo.ppo_epochs=2", "algo.mini_batch_size=7", "algo.micro_batch_size=2",
         "filter.include_zero=true", "filter.metric=entropy", "filter.strategy=top_k", "filter.value=0.5",
-        "optim.lr=1e-3", "logging.progress=false", "logging.tensorboard=false",
+        "optim.lr=1e-3", "logging.progress=false", "logging.tensorboard=false", *overrides,
     ])
 
 
-def launch(processes: int, policy_dir: Path, run_dir: Path, resume: bool = False) -> None:
+def launch(processes: int, policy_dir: Path, run_dir: Path, resume: bool = False, fsdp: bool = False) -> None:
     """Train in `processes` fresh processes under torchrun, as a user would launch them."""
-    script = [str(Path(__file__)), str(policy_dir), str(run_dir)] + (["--resume"] if resume else [])
+    script = [str(Path(__file__)), str(policy_dir), str(run_dir)] + (["--resume"] if resume else []) + (
+        ["--fsdp"] if fsdp else [])
     launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     result = subprocess.run([sys.executable, *launcher, *script], env=env, capture_output=True, text=True, timeout=300)
@@ -106,17 +112,51 @@ def test_two_processes_train_like_one_and_resume(policy_dir, tmp_path, monkeypat
     assert torch.equal(weights(resumed / "checkpoints" / "step_2"), w2)
 
 
+@pytest.mark.slow
+def test_fsdp_over_two_processes_trains_like_one_unsharded_process_and_resumes(policy_dir, tmp_path, monkeypatch,
+                                                                                 one_thread):
+    one, two, resumed = tmp_path / "one", tmp_path / "two", tmp_path / "resumed"
+    record_kept_groups(monkeypatch.setattr)
+    trainer.train(tiny_config(policy_dir, one, *FSDP_OVERRIDES[:-1]))  # 1 process, no sharding
+    launch(2, policy_dir, two, fsdp=True)
+
+    assert kept_groups(two, 0) == kept_groups(two, 1) == kept_groups(one, 0)
+    records = read_metrics(one)
+    assert all(r["train/grad_norm"] > 0 and r["train/kl"] > 0 for r in records[2:])  # step 2 moved off the reference
+    assert_same_metrics(read_metrics(two), records)
+    start, w1, w2 = (weights(d) for d in (policy_dir, one / "checkpoints" / "step_2", two / "checkpoints" / "step_2"))
+    assert (w1 - start).norm() > 0
+    assert (w2 - w1).norm() < 1e-2 * (w1 - start).norm()  # the replica's weights, refreshed from the shards
+
+    # The checkpoint holds the optimizer state gathered whole; a resume shards it again and redoes step 2.
+    shutil.copytree(two, resumed)
+    (resumed / "checkpoints" / "latest").write_text("step_1\n")
+    launch(2, policy_dir, resumed, resume=True, fsdp=True)
+    assert_same_metrics(read_metrics(resumed), read_metrics(two))
+    assert torch.allclose(weights(resumed / "checkpoints" / "step_2"), w2, atol=1e-6)
+
+
+@pytest.mark.parametrize("overrides", [("algo.name=ppo",), ("model.lora_rank=8",), ("grad_snr.enable=true",)])
+def test_fsdp_refuses_what_it_cannot_shard(policy_dir, tmp_path, overrides):
+    with pytest.raises(ConfigError, match="model.fsdp=true does not work with"):
+        tiny_config(policy_dir, tmp_path, *FSDP_OVERRIDES, *overrides)
+
+
+def test_fsdp_needs_several_processes(policy_dir, tmp_path):
+    with pytest.raises(ConfigError, match="model.fsdp=true shards over several processes"):
+        trainer.setup(tiny_config(policy_dir, tmp_path / "run", *FSDP_OVERRIDES))
+
+
 def test_groups_must_split_evenly_over_the_processes(policy_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(distributed, "world_size", lambda: 3)
     with pytest.raises(ConfigError, match=r"rollout.num_groups=4 is not divisible by the 3 processes"):
         trainer.setup(tiny_config(policy_dir, tmp_path / "run"))
 
 
-def test_fsdp_is_refused_with_what_to_use_instead(monkeypatch):
+def test_accelerate_fsdp_launch_turns_model_fsdp_on(policy_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")  # what `accelerate launch` sets for distributed_type: FSDP
-    with pytest.raises(ConfigError, match="FSDP.*model.lora_rank=16"):
-        with distributed.process_group("cpu"):
-            pass
+    with pytest.raises(ConfigError, match="model.fsdp=true shards over several processes"):  # a 1-process launch
+        trainer.train(tiny_config(policy_dir, tmp_path / "run", "algo.name=grpo"))
 
 
 def test_each_row_goes_to_one_rank_in_micro_batches(monkeypatch):
@@ -147,4 +187,5 @@ if __name__ == "__main__":  # one training process, launched by `launch`
     policy, run_dir = Path(sys.argv[1]), Path(sys.argv[2])
     torch.set_num_threads(1)
     record_kept_groups()
-    trainer.train(tiny_config(policy, run_dir), resume_dir=run_dir if "--resume" in sys.argv[3:] else None)
+    overrides = FSDP_OVERRIDES if "--fsdp" in sys.argv[3:] else ()
+    trainer.train(tiny_config(policy, run_dir, *overrides), resume_dir=run_dir if "--resume" in sys.argv[3:] else None)
