@@ -554,7 +554,6 @@ def validate(config: Config) -> None:
         )
     if config.model.fsdp:
         unsupported = [(config.model.lora_rank > 0, f"model.lora_rank={config.model.lora_rank} (LoRA)"),
-                       (a.name == "ppo", "algo.name=ppo (its critic is not sharded)"),
                        (config.grad_snr.enable, "grad_snr.enable=true (the probe needs full gradients)")]
         for refused, what in unsupported:
             if refused:

@@ -66,12 +66,14 @@ def save_checkpoint(
     config: Config,
     state: dict[str, Any],
     critic: PreTrainedModel | None = None,
+    critic_weights: dict[str, Any] | None = None,
 ) -> Path:
     """Write `checkpoints/step_<step>/` atomically and return it; `latest` is not touched.
 
     `state` is the trainer's picklable state (optimizer state dicts, counters); the RNG
     states of python, numpy and torch (and CUDA) are added here. An existing directory for
     the same step (from a run that was killed before marking it latest) is replaced.
+    `critic_weights` replaces the critic's own state dict (a sharded critic's, gathered whole).
     """
     root = Path(run_dir) / CHECKPOINTS
     root.mkdir(parents=True, exist_ok=True)
@@ -83,7 +85,7 @@ def save_checkpoint(
         policy.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         if critic is not None:
-            critic.save_pretrained(tmp / CRITIC_DIR)
+            critic.save_pretrained(tmp / CRITIC_DIR, state_dict=critic_weights)
         save_config(config, tmp / "config.yaml")
         torch.save({**state, "step": step, "rng": rng_state()}, tmp / STATE_FILE)
         if final.exists():

@@ -11,7 +11,8 @@ Generation cannot run in lockstep (each rank plays its own episodes, of differen
 rollouts, scoring, evaluation and checkpointed weights use a full, untrained replica of the
 policy (2 bytes per parameter in bfloat16), refreshed from the shards after every update
 (`sync_replica`): the layout of RL trainers that pair a sharded trainer with a separate
-inference copy.
+inference copy. PPO's critic is sharded in place (`shard`): it only trains and computes
+values, which the trainer runs in lockstep too, so it needs no replica.
 """
 
 from __future__ import annotations
@@ -20,27 +21,36 @@ import copy
 import math
 
 import torch
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict, set_optimizer_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 from ragen2.rl import distributed
 
 
-def shard_policy(policy: torch.nn.Module) -> torch.nn.Module:
-    """A training copy of `policy`, sharded over all processes: each transformer block is its own
+def shard(model: torch.nn.Module) -> torch.nn.Module:
+    """Shard `model` in place over all processes and return it: each transformer block is its own
     FSDP unit (the classes HF models list in `_no_split_modules`), the rest the root unit.
 
     FSDP averages gradients over the processes; the trainer's losses are normalised by the whole
     mini-batch's counts, for a sum, so it scales them by `gradient_scale()` first.
     """
-    trainee = copy.deepcopy(policy)
-    block_classes = set(getattr(trainee, "_no_split_modules", None) or [])
-    for module in list(trainee.modules()):
+    block_classes = set(getattr(model, "_no_split_modules", None) or [])
+    for module in list(model.modules()):
         if type(module).__name__ in block_classes:
             fully_shard(module)
-    fully_shard(trainee)
-    return trainee
+    fully_shard(model)
+    return model
+
+
+def shard_policy(policy: torch.nn.Module) -> torch.nn.Module:
+    """A sharded training copy of `policy`, which stays whole as the replica."""
+    return shard(copy.deepcopy(policy))
 
 
 def gradient_scale() -> float:
@@ -64,6 +74,11 @@ def lockstep_passes(n_rows: int, micro_batch_size: int, mine: int) -> int:
     """
     busiest = math.ceil(len(range(0, n_rows, distributed.world_size())) / micro_batch_size)
     return busiest - mine
+
+
+def full_model_state(model: torch.nn.Module) -> dict:
+    """A sharded model's weights gathered whole on rank 0 ({} on the others); every process must call it."""
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
 def full_optimizer_state(trainee: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:

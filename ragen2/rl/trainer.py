@@ -304,7 +304,8 @@ def advantage_phase(run: Run, kept: list[Trajectory]) -> Batch:
     if a.name == "ppo":
         with torch.no_grad():
             batch.old_values = _in_micro_batches(
-                lambda mb: critic_values(run.critic, mb.input_ids, mb.attention_mask), batch, a.micro_batch_size
+                lambda mb: critic_values(run.critic, mb.input_ids, mb.attention_mask), batch, a.micro_batch_size,
+                lockstep=run.trainee is not None,  # with FSDP the critic is sharded too
             )
         token_rewards = place_terminal_reward(batch.returns, batch.mask)  # [B, T-1], return on the last model token
         advantages, batch.value_targets = gae_advantages(token_rewards, batch.old_values, batch.mask, a.gamma, a.lam)
@@ -446,15 +447,22 @@ def critic_step(run: Run, mini: Batch) -> dict[str, float]:
     a = run.config.algo
     counts = {"batch_tokens": mini.mask.sum(), "batch_seqs": (mini.mask.sum(dim=1) > 0).sum()}
     total = torch.zeros((), device=run.device)
+    sharded = run.trainee is not None
     run.critic_optimizer.zero_grad(set_to_none=True)
-    for rows in distributed.my_rows(len(mini), a.micro_batch_size, run.device):
+    micro_batches = distributed.my_rows(len(mini), a.micro_batch_size, run.device)
+    for rows in micro_batches:
         mb = mini.select(rows)
         values = critic_values(run.critic, mb.input_ids, mb.attention_mask)  # [b, t-1]
         loss, _ = value_loss(values, mb.old_values, mb.value_targets, mb.mask, a.value_clip, "token-mean", **counts)
-        loss.backward()
+        (loss * (fsdp.gradient_scale() if sharded else 1.0)).backward()
         total += loss.detach()
+    if sharded:  # as in policy_step: passes that add nothing keep the ranks in lockstep
+        for _ in range(fsdp.lockstep_passes(len(mini), a.micro_batch_size, len(micro_batches))):
+            mb = mini.select(torch.arange(1, device=run.device))
+            (0.0 * critic_values(run.critic, mb.input_ids, mb.attention_mask).sum()).backward()
     distributed.all_reduce_sum(total)
-    distributed.all_reduce_grads(_trainable(run.critic_optimizer))
+    if not sharded:
+        distributed.all_reduce_grads(_trainable(run.critic_optimizer))
     result = _clip_and_step(run.critic_optimizer, total, run.config.optim.grad_clip)
     return {"value_loss": total.item(), "skipped_nonfinite": result["skipped_nonfinite"]}
 
@@ -486,19 +494,28 @@ def checkpoint_phase(run: Run, step: int) -> None:
 
     With FSDP the optimizer state is sharded: every rank first helps gather it whole on rank 0.
     """
-    optimizer_state = fsdp.full_optimizer_state(run.trainee, run.optimizer) if run.trainee is not None else None
-    distributed.on_main(lambda: _save(run, step, optimizer_state))
+    gathered: dict[str, dict] = {}
+    if run.trainee is not None:
+        gathered["optimizer"] = fsdp.full_optimizer_state(run.trainee, run.optimizer)
+        if run.critic is not None:
+            gathered["critic_optimizer"] = fsdp.full_optimizer_state(run.critic, run.critic_optimizer)
+            gathered["critic_weights"] = fsdp.full_model_state(run.critic)
+    distributed.on_main(lambda: _save(run, step, gathered))
 
 
-def _save(run: Run, step: int, optimizer_state: dict | None = None) -> None:
+def _save(run: Run, step: int, gathered: dict[str, dict] | None = None) -> None:
+    """Write the checkpoint; `gathered` holds what FSDP shards, gathered whole by `checkpoint_phase`."""
+    gathered = gathered or {}
+    critic_optimizer = run.critic_optimizer.state_dict() if run.critic_optimizer else None
     state = {
-        "optimizer": optimizer_state if optimizer_state is not None else run.optimizer.state_dict(),
-        "critic_optimizer": run.critic_optimizer.state_dict() if run.critic_optimizer else None,
+        "optimizer": gathered.get("optimizer") or run.optimizer.state_dict(),
+        "critic_optimizer": gathered.get("critic_optimizer") or critic_optimizer,
         "skipped_in_a_row": run.skipped_in_a_row,
         "diagnostics": run.diagnostics.state_dict(),
         "guards": run.guards.state_dict(),
     }
-    save_checkpoint(run.run_dir, step, run.policy, run.tokenizer, run.config, state, run.critic)
+    save_checkpoint(run.run_dir, step, run.policy, run.tokenizer, run.config, state, run.critic,
+                    gathered.get("critic_weights"))
 
 
 def collapse_alarm(run: Run, alarm: AlarmDecision) -> None:
@@ -575,6 +592,9 @@ def setup(config: Config, resume_dir: Path | None = None) -> Run:
     file system all of them see) and logs; every process loads the same weights.
     """
     distributed.group_range(config.rollout.num_groups)  # P must split evenly over the processes
+    if config.model.fsdp and distributed.world_size() < 2:
+        raise ConfigError("model.fsdp=true shards over several processes: launch with torchrun or accelerate "
+                          "(docs/scaling.md), or set model.fsdp=false for one process")
     checkpoint = load_checkpoint(resume_dir) if resume_dir is not None else None
     run_dir = Path(resume_dir) if resume_dir is not None else distributed.on_main(lambda: _new_run_dir(config))
     config = dataclasses.replace(config, trainer=dataclasses.replace(config.trainer, run_dir=str(run_dir)))
@@ -594,13 +614,12 @@ def setup(config: Config, resume_dir: Path | None = None) -> Run:
         critic = load_critic(str(source or resolve_model_path(config.model.path)), device, config.model.dtype,
                              fresh_head=source is None)
         critic.train()
+        if config.model.fsdp:
+            fsdp.shard(critic)
     probe_kl = config.grad_snr.enable and config.grad_snr.kl_reference
     reference = _reference_policy(config, policy, device) if config.algo.kl_coef > 0 or probe_kl else None
     trainee = None
     if config.model.fsdp:
-        if distributed.world_size() < 2:
-            raise ConfigError("model.fsdp=true shards over several processes: launch with torchrun or accelerate "
-                              "(docs/scaling.md), or set model.fsdp=false for one process")
         trainee = fsdp.shard_policy(policy)
         policy.requires_grad_(False)  # the replica generates and scores; only the shards train
     o = config.optim
@@ -703,7 +722,9 @@ def _restore(run: Run, checkpoint) -> None:
             fsdp.load_full_optimizer_state(run.trainee, run.optimizer, state["optimizer"])
         else:
             run.optimizer.load_state_dict(state["optimizer"])
-        if run.critic_optimizer is not None:
+        if run.critic_optimizer is not None and run.trainee is not None:
+            fsdp.load_full_optimizer_state(run.critic, run.critic_optimizer, state["critic_optimizer"])
+        elif run.critic_optimizer is not None:
             run.critic_optimizer.load_state_dict(state["critic_optimizer"])
         set_rng_state(state["rng"])
         run.diagnostics.load_state_dict(state["diagnostics"])
@@ -804,16 +825,20 @@ def _logprobs(model: torch.nn.Module, mb: Batch) -> torch.Tensor:
     return F.pad(token_logprobs(logits, mb.targets[:, start:]), (start, 0))  # [b, t-1]
 
 
-def _in_micro_batches(fn, batch: Batch, size: int) -> torch.Tensor:
+def _in_micro_batches(fn, batch: Batch, size: int, lockstep: bool = False) -> torch.Tensor:
     """Run `fn(micro_batch) -> [b, t-1]` over `batch` and reassemble the full [B, T-1] result.
 
     With several processes each runs `fn` on its rows only; the zeros elsewhere make the sum
-    over processes the full result, on every process.
+    over processes the full result, on every process. `lockstep` (an FSDP-sharded model) pads
+    each rank to the same number of calls, with results thrown away.
     """
     out = torch.zeros(batch.mask.shape, dtype=torch.float32, device=batch.mask.device)
-    for rows in distributed.my_rows(len(batch), size, batch.mask.device):
+    micro_batches = distributed.my_rows(len(batch), size, batch.mask.device)
+    for rows in micro_batches:
         piece = fn(batch.select(rows))
         out[rows, : piece.shape[1]] = piece.float()
+    for _ in range(fsdp.lockstep_passes(len(batch), size, len(micro_batches)) if lockstep else 0):
+        fn(batch.select(torch.arange(1, device=batch.mask.device)))
     return distributed.all_reduce_sum(out)
 
 
