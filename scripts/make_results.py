@@ -35,7 +35,11 @@ from ragen2.sweep import GRID_FILE, STATUS_FILE, mean_se, read_grid, read_sweep,
 
 EXPERIMENTS = ("collapse", "mechanism", "filter_sokoban", "filter_frozenlake", "filter_frozenlake_partway", "filter_countdown",
                "quartiles", "levels")
-GPU_EXPERIMENTS = ("filter_sokoban_gpu",)  # run by benchmarks/gpu_checks.sh, which needs a GPU
+# Experiments that need a GPU, and the command that runs each on a machine with one.
+GPU_EXPERIMENTS = {
+    "filter_sokoban_gpu": "OUT=gpu-results bash benchmarks/gpu_checks.sh",
+    "collapse_gpu": "ragen2 sweep experiments/collapse_gpu.yaml --jobs 6 --threads 2",
+}
 SIGNIFICANT_SE = 2.0  # a difference counts as real when it exceeds this many standard errors
 ENTROPY_BAND = 0.25  # "entropy stays within a band": late mean within +-25% of the early mean
 DROP = 0.10  # a series "falls" at the first step its 3-point moving average is 10% below its early level
@@ -70,6 +74,7 @@ class Sweep:
     runs: list[Run]  # the finished runs: every claim is computed from these only
     planned: int  # runs in the grid, finished or not
     seconds: float  # summed wall time of the training processes
+    unfinished: list[Run] = field(default_factory=list)  # stopped part-way: reported as such, never in a verdict
 
     def groups(self, axis: str) -> dict[str, list[Run]]:
         """Runs by their label on `axis`, in the spec's order."""
@@ -82,17 +87,18 @@ class Sweep:
 def load_sweeps(root: Path) -> dict[str, Sweep]:
     """Every sweep directory under `root` (one with sweep.json) with its finished runs.
 
-    A run that has not finished (interrupted, failed, not started) is left out: its last
-    values would be from an earlier step than the others'."""
+    A run that has not finished (interrupted, failed, not started) is left out of `runs`: its
+    last values would be from an earlier step than the others'. Runs stopped part-way are kept
+    apart in `unfinished`."""
     sweeps = {}
     for grid_file in sorted(Path(root).glob(f"*/{GRID_FILE}")):
         path = grid_file.parent
         grid = read_grid(path)
-        runs, seconds = [], 0.0
+        runs, unfinished, seconds = [], [], 0.0
         rows = read_sweep(path)
         for row in rows:
             run_dir = path / row["run"]
-            if row["status"] != "done":
+            if row["status"] not in ("done", "incomplete"):
                 continue
             status = run_dir / STATUS_FILE
             if status.is_file():
@@ -100,8 +106,10 @@ def load_sweeps(root: Path) -> dict[str, Sweep]:
             labels = {axis: row[axis] for axis in grid["axes"]}
             records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
             config = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").is_file() else {}
-            runs.append(Run(row["run"], labels, row["seed"], row, records, run_dir, config))
-        sweeps[grid["spec"]] = Sweep(grid["spec"], path, grid["description"], grid["axes"], runs, len(rows), seconds)
+            run = Run(row["run"], labels, row["seed"], row, records, run_dir, config)
+            (runs if row["status"] == "done" else unfinished).append(run)
+        sweeps[grid["spec"]] = Sweep(grid["spec"], path, grid["description"], grid["axes"], runs, len(rows), seconds,
+                                     unfinished)
     return sweeps
 
 
@@ -360,12 +368,54 @@ class Claim:
 
 
 def not_run(title: str, paper: str, *names: str) -> Claim:
-    commands = "; ".join(f"`OUT=gpu-results bash benchmarks/gpu_checks.sh` (on a machine with a GPU)" if n in GPU_EXPERIMENTS
+    commands = "; ".join(f"`{GPU_EXPERIMENTS[n]}` (on a machine with a GPU)" if n in GPU_EXPERIMENTS
                          else f"`ragen2 sweep experiments/{n}.yaml --jobs 2`" for n in names)
     return Claim(title, paper, "–", "not run", [f"Not run yet: {commands}, then `python scripts/make_results.py`."])
 
 
-def collapse_claim(sweeps: dict[str, Sweep], figures: Path, model_figures: bool, rv_groups: int) -> Claim:
+COLLAPSE_HEADER = [
+    "| filter | Δ token entropy (relative) | Δ Retrieval-Acc (first turn) | Δ MI-ZScore-EMA (traj) | Δ eval success | "
+    "MI falls at step | success falls at step |",
+    "|---|---|---|---|---|---|---|",
+]
+
+
+def collapse_row(name: str, runs: list[Run]) -> str:
+    """One condition of a collapse table: changes over each run (mean ± SE) and the steps where MI and success fell."""
+    rel_entropy = [change(r, "train/entropy") / early_late(r.series("train/entropy")[1])[0]
+                   if len(r.series("train/entropy")[1]) else math.nan for r in runs]
+    mi_steps = [drop_step(*r.series(MI_KEY)) for r in runs]
+    success_steps = [drop_step(*r.series("eval/success_rate")) for r in runs]
+    return (
+        f"| {name} | {fmt(rel_entropy)} | {fmt([change(r, RETRIEVAL_KEY) for r in runs])} | "
+        f"{fmt([change(r, MI_KEY) for r in runs])} | {fmt([change(r, 'eval/success_rate') for r in runs])} | "
+        f"{', '.join(str(s) if s is not None else 'never' for s in mi_steps)} | "
+        f"{', '.join(str(s) if s is not None else 'never' for s in success_steps)} |"
+    )
+
+
+def longer_collapse(sweep: Sweep | None) -> list[str]:
+    """The collapse setting pushed further on a GPU (`collapse_gpu`), finished or not: what else was tried."""
+    if sweep is None or not (sweep.runs or sweep.unfinished):
+        return []
+    runs = sweep.runs + sweep.unfinished
+    reached = sorted({int(r.records[-1]["step"]) for r in runs})
+    planned = int(runs[0].config["trainer"]["total_steps"])
+    status = (f"all {len(runs)} runs finished" if not sweep.unfinished else
+              f"{len(sweep.unfinished)} of {sweep.planned} runs stopped part-way, at steps {reached[0]}–{reached[-1]} of "
+              f"{planned}, when the GPU time ran out; the rows below use them as far as they got, and the verdict "
+              "above does not")
+    groups: dict[str, list[Run]] = {}
+    for r in runs:
+        groups.setdefault(r.labels["filter"], []).append(r)
+    return [
+        f"Also tried, to give collapse more room: `sweeps/{sweep.name}` ({sweep.description.rstrip('.')}); {status}.",
+        "", *COLLAPSE_HEADER, *(collapse_row(name, rs) for name, rs in groups.items()), "",
+    ]
+
+
+def collapse_claim(sweeps: dict[str, Sweep], figures: Path, model_figures: bool, rv_groups: int,
+                   longer: Sweep | None = None) -> Claim:
     title, paper = "Template collapse: MI falls while entropy holds, and MI falls first", \
         "entropy stays stable while MI proxies fall; MI drops before success"
     if "collapse" not in sweeps:
@@ -376,22 +426,10 @@ def collapse_claim(sweeps: dict[str, Sweep], figures: Path, model_figures: bool,
         f"Runs: `sweeps/collapse` ({sweep.description.rstrip('.')}). Changes are the late minus the early level of each "
         "run (mean of the last quarter of its logged values minus the mean of the first quarter); mean ± SE over seeds.",
         "",
-        "| filter | Δ token entropy (relative) | Δ Retrieval-Acc (first turn) | Δ MI-ZScore-EMA (traj) | Δ eval success | "
-        "MI falls at step | success falls at step |",
-        "|---|---|---|---|---|---|---|",
+        *COLLAPSE_HEADER,
     ]
     verdict_runs = groups.get("none", sweep.runs)
-    for name, runs in groups.items():
-        rel_entropy = [change(r, "train/entropy") / early_late(r.series("train/entropy")[1])[0]
-                       if len(r.series("train/entropy")[1]) else math.nan for r in runs]
-        mi_steps = [drop_step(*r.series(MI_KEY)) for r in runs]
-        success_steps = [drop_step(*r.series("eval/success_rate")) for r in runs]
-        body.append(
-            f"| {name} | {fmt(rel_entropy)} | {fmt([change(r, RETRIEVAL_KEY) for r in runs])} | "
-            f"{fmt([change(r, MI_KEY) for r in runs])} | {fmt([change(r, 'eval/success_rate') for r in runs])} | "
-            f"{', '.join(str(s) if s is not None else 'never' for s in mi_steps)} | "
-            f"{', '.join(str(s) if s is not None else 'never' for s in success_steps)} |"
-        )
+    body += [collapse_row(name, runs) for name, runs in groups.items()]
     mi_change = [change(r, MI_KEY) for r in verdict_runs]
     rel_entropy = [abs(change(r, "train/entropy") / early_late(r.series("train/entropy")[1])[0])
                    for r in verdict_runs if len(r.series("train/entropy")[1])]
@@ -419,6 +457,7 @@ def collapse_claim(sweeps: dict[str, Sweep], figures: Path, model_figures: bool,
         f"{'stayed within' if in_band else 'left'} the ±{ENTROPY_BAND:.0%} band (largest relative change "
         f"{max(rel_entropy, default=math.nan):.0%}); {timing}.",
         "",
+        *longer_collapse(longer),
     ]
     keys = [("eval/success_rate", "eval success"), (MI_KEY, "MI-ZScore-EMA (traj)"),
             (RETRIEVAL_KEY, "Retrieval-Acc (first turn)"), ("train/entropy", "token entropy"),
@@ -724,7 +763,7 @@ def write_results(sweeps_dir: Path, out: Path, figures: Path, model_figures: boo
     sweeps = load_sweeps(sweeps_dir)
     started = {name: s for name, s in sweeps.items() if s.runs}  # a sweep with no finished run counts as not run
     claims: list[Claim] = [
-        collapse_claim(started, figures, model_figures, rv_groups),
+        collapse_claim(started, figures, model_figures, rv_groups, sweeps.get("collapse_gpu")),
         mechanism_claim(started, figures),
         *filter_claims(started, figures),
         quartile_claim(started, figures),
@@ -745,14 +784,14 @@ def write_results(sweeps_dir: Path, out: Path, figures: Path, model_figures: boo
         "```bash",
         "ragen2 warmstart --envs countdown   # the Countdown policy, once",
         *(f"ragen2 sweep experiments/{name}.yaml --jobs 2" for name in EXPERIMENTS),
-        "OUT=gpu-results bash benchmarks/gpu_checks.sh   # on a machine with a GPU: " + ", ".join(GPU_EXPERIMENTS),
+        *(f"{command}   # on a machine with a GPU: {name}" for name, command in GPU_EXPERIMENTS.items()),
         "python scripts/make_results.py",
         "```",
         "",
-        "| experiment | runs | finished (the only ones used below) | training time (sum over runs) |",
+        "| experiment | runs | finished (the only ones verdicts use) | training time (sum over finished runs) |",
         "|---|---|---|---|",
     ]
-    for name in EXPERIMENTS + GPU_EXPERIMENTS:
+    for name in (*EXPERIMENTS, *GPU_EXPERIMENTS):
         s = sweeps.get(name)
         lines.append(f"| {name} | {s.planned} | {len(s.runs)} | {s.seconds / 60:.0f} min |" if s else f"| {name} | – | – | not run |")
     lines += ["", "## Summary", "", "| claim | paper | ours | verdict |", "|---|---|---|---|"]
