@@ -400,7 +400,7 @@ def longer_collapse(sweep: Sweep | None) -> list[str]:
         return []
     runs = sweep.runs + sweep.unfinished
     reached = sorted({int(r.records[-1]["step"]) for r in runs})
-    planned = int(runs[0].config["trainer"]["total_steps"])
+    planned = runs[0].config.get("trainer", {}).get("total_steps", "?")
     status = (f"all {len(runs)} runs finished" if not sweep.unfinished else
               f"{len(sweep.unfinished)} of {sweep.planned} runs stopped part-way, at steps {reached[0]}–{reached[-1]} of "
               f"{planned}, when the GPU time ran out; the rows below use them as far as they got, and the verdict "

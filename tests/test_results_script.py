@@ -79,6 +79,11 @@ def results(tmp_path_factory):
         records[-1] |= probe
         collapse_runs[f"filter=none__seed={s}"] = ({"filter": "none"}, s, records)
     write_sweep(sweeps, "collapse", ["filter"], collapse_runs)
+    # collapse_gpu: two runs stopped part-way (steps 4 and 5), MI falling from step 3 as above.
+    write_sweep(sweeps, "collapse_gpu", ["filter"], {
+        f"filter=none__seed={s}": ({"filter": "none"}, s, run_records(success[: last + 1], mi[: last + 1], flat))
+        for s, last in ((0, 4), (1, 5))
+    }, unfinished=("filter=none__seed=0", "filter=none__seed=1"))
     # mechanism: MI changes by delta over the run; the final MI of task-on runs falls with the coefficient.
     cells = {  # name: (task advantage scale, entropy coef, MI changes of seeds 0-2)
         "control": (0.0, 0.0, (0.0, 0.1, -0.1)),
@@ -136,6 +141,10 @@ def test_collapse_order_and_entropy_band(results):
     assert "in 3 of 3 runs where both fell, MI fell first" in part
     assert "Verdict: **reproduced**" in part
     assert "collapse_grad_snr.png" in part
+    # The GPU attempt is reported from its unfinished runs, outside the verdict. MI over steps 1-4 and 1-5 (one
+    # point per quarter): 4 -> 2 and 4 -> 1, so -2.5 ± 0.5.
+    assert "2 of 2 runs stopped part-way, at steps 4–5 of ?" in part
+    assert "| none | 0 ± 0 (n=2) | -0.25 ± 0.05 (n=2) | -2.5 ± 0.5 (n=2) |" in part  # Retrieval-Acc is MI / 10
 
 
 def test_not_run_experiments_say_how(results):
