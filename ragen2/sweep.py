@@ -286,7 +286,7 @@ def run_sweep(
         return actions
     out.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(spec_path, out / "spec.yaml")
-    _write_grid(out, spec, points)
+    _write_grid(out, spec, spec.points(extra))  # the whole grid, also when `seeds` runs part of it now
     todo = [p for p in points if actions[p.name] != "skip"]
     log.info("sweep %s: %d runs, %d finished, %d to run, %d at a time x %d thread(s)",
              spec.name, len(points), len(points) - len(todo), len(todo), jobs, threads)

@@ -216,3 +216,20 @@ def test_spec_warmstart_builds_the_policy_once_and_every_run_uses_it(tmp_path, m
     assert len(policies) == 1 and json.loads((policies[0] / "warmstart.json").read_text())["settings"]["hidden_size"] == 32
     config = yaml.safe_load((tmp_path / "out" / "seed=0" / "config.yaml").read_text())
     assert Path(config["model"]["path"]) == policies[0]
+
+
+def test_running_some_seeds_keeps_the_whole_grid_in_the_tables(tmp_path, save_random_policy):
+    save_random_policy(tmp_path / "policy")
+    spec = write_spec(tmp_path / "two_seeds.yaml", {
+        "preset": "bandit",
+        "base": {"model.path": str(tmp_path / "policy"), "model.device": "cpu", "rollout.num_groups": 2,
+                 "rollout.group_size": 2, "rollout.max_tokens_per_turn": 8, "trainer.total_steps": 1,
+                 "trainer.eval_every": 0, "trainer.save_every": 0, "collapse.enable": False,
+                 "logging.tensorboard": False, "filter.strategy": "none", "filter.include_zero": True},
+        "seeds": [0, 1],
+    })
+    out = tmp_path / "out"
+    assert sweep.run_sweep(spec, out, threads=1, seeds=[1]) == {"seed=1": "done"}
+    # Two processes may each run some of the seeds: the grid, and so the tables, still list every run.
+    assert [r["name"] for r in sweep.read_grid(out)["runs"]] == ["seed=0", "seed=1"]
+    assert [(r["run"], r["status"]) for r in sweep.read_sweep(out)] == [("seed=0", "missing"), ("seed=1", "done")]
