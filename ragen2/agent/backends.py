@@ -27,6 +27,24 @@ from transformers import (
 from ragen2.agent.types import GenerationOutput
 
 
+def stop_tokens(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, stop_strings: tuple[str, ...]
+) -> tuple[list[int], list[int], list[str]]:
+    """What ends a generation: the EOS ids (tokenizer's and model's), the stop strings that are one
+    token (stopped on by id) and those that are several (stopped on by text)."""
+    model_eos = model.generation_config.eos_token_id
+    model_eos = [] if model_eos is None else [model_eos] if isinstance(model_eos, int) else list(model_eos)
+    eos_ids = sorted({tokenizer.eos_token_id, *model_eos} - {None})
+    stop_ids, stop_texts = [], []
+    for text in stop_strings:
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        if len(ids) == 1:
+            stop_ids.append(ids[0])
+        else:
+            stop_texts.append(text)
+    return eos_ids, stop_ids, stop_texts
+
+
 @runtime_checkable
 class GenerationBackend(Protocol):
     """Anything that continues token-id prompts."""
@@ -144,18 +162,8 @@ class HFBackend:
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
-        model_eos = model.generation_config.eos_token_id
-        model_eos = [] if model_eos is None else [model_eos] if isinstance(model_eos, int) else list(model_eos)
-        self.eos_ids = sorted({tokenizer.eos_token_id, *model_eos} - {None})
+        self.eos_ids, self.stop_ids, self.stop_texts = stop_tokens(model, tokenizer, stop_strings)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
-        self.stop_ids: list[int] = []
-        self.stop_texts: list[str] = []
-        for s in stop_strings:
-            ids = tokenizer.encode(s, add_special_tokens=False)
-            if len(ids) == 1:
-                self.stop_ids.append(ids[0])
-            else:
-                self.stop_texts.append(s)
 
     def generate(
         self,

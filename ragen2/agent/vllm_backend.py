@@ -22,7 +22,7 @@ import tempfile
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ragen2.agent.backends import check_generate_args
+from ragen2.agent.backends import check_generate_args, stop_tokens
 from ragen2.agent.types import GenerationOutput
 from ragen2.errors import ConfigError
 
@@ -78,16 +78,8 @@ class VLLMBackend:
         # Weight pushes call into the engine's worker directly: it must live in this process.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         self.tokenizer = tokenizer
-        model_eos = model.generation_config.eos_token_id
-        model_eos = [] if model_eos is None else [model_eos] if isinstance(model_eos, int) else list(model_eos)
-        stop_ids, self.stop_texts = [], []
-        for s in stop_strings:
-            ids = tokenizer.encode(s, add_special_tokens=False)
-            if len(ids) == 1:
-                stop_ids.append(ids[0])
-            else:
-                self.stop_texts.append(s)
-        self.stop_token_ids = sorted({tokenizer.eos_token_id, *model_eos, *stop_ids} - {None})
+        eos_ids, stop_ids, self.stop_texts = stop_tokens(model, tokenizer, stop_strings)
+        self.stop_token_ids = sorted({*eos_ids, *stop_ids})
         # vLLM builds the model from a directory: give it the config and tokenizer only; the
         # weights come from `model` below ("dummy" load = allocate without reading any file).
         self._config_dir = tempfile.TemporaryDirectory(prefix="ragen2-vllm-")

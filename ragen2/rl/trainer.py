@@ -431,9 +431,8 @@ def policy_step(run: Run, mini: Batch, scale: float) -> dict[str, float]:
         totals["clipfrac"] += pg_stats["clipfrac"] * share
         totals["approx_kl"] += pg_stats["approx_kl"] * share
     if run.trainee is not None:
-        for _ in range(fsdp.lockstep_passes(len(mini), a.micro_batch_size, len(micro_batches))):
-            logits, _ = response_logits(model, mini.select(torch.arange(1, device=run.device)))
-            (0.0 * logits.sum()).backward()  # joins the other ranks' gathers and gradient reductions
+        _pad_to_lockstep(mini, a.micro_batch_size, len(micro_batches), lambda mb: response_logits(model, mb)[0],
+                         backward=True)
     totals = _sum_over_ranks(totals, ["loss", "policy_loss", "entropy", "clipfrac", "approx_kl"]
                              + (["kl"] if mini.ref_logp is not None else []))
     if run.trainee is None:
@@ -448,18 +447,18 @@ def critic_step(run: Run, mini: Batch) -> dict[str, float]:
     counts = {"batch_tokens": mini.mask.sum(), "batch_seqs": (mini.mask.sum(dim=1) > 0).sum()}
     total = torch.zeros((), device=run.device)
     sharded = run.trainee is not None
+    grad_scale = fsdp.gradient_scale() if sharded else 1.0
     run.critic_optimizer.zero_grad(set_to_none=True)
     micro_batches = distributed.my_rows(len(mini), a.micro_batch_size, run.device)
     for rows in micro_batches:
         mb = mini.select(rows)
         values = critic_values(run.critic, mb.input_ids, mb.attention_mask)  # [b, t-1]
         loss, _ = value_loss(values, mb.old_values, mb.value_targets, mb.mask, a.value_clip, "token-mean", **counts)
-        (loss * (fsdp.gradient_scale() if sharded else 1.0)).backward()
+        (grad_scale * loss).backward()
         total += loss.detach()
-    if sharded:  # as in policy_step: passes that add nothing keep the ranks in lockstep
-        for _ in range(fsdp.lockstep_passes(len(mini), a.micro_batch_size, len(micro_batches))):
-            mb = mini.select(torch.arange(1, device=run.device))
-            (0.0 * critic_values(run.critic, mb.input_ids, mb.attention_mask).sum()).backward()
+    if sharded:
+        _pad_to_lockstep(mini, a.micro_batch_size, len(micro_batches),
+                         lambda mb: critic_values(run.critic, mb.input_ids, mb.attention_mask), backward=True)
     distributed.all_reduce_sum(total)
     if not sharded:
         distributed.all_reduce_grads(_trainable(run.critic_optimizer))
@@ -506,10 +505,10 @@ def checkpoint_phase(run: Run, step: int) -> None:
 def _save(run: Run, step: int, gathered: dict[str, dict] | None = None) -> None:
     """Write the checkpoint; `gathered` holds what FSDP shards, gathered whole by `checkpoint_phase`."""
     gathered = gathered or {}
-    critic_optimizer = run.critic_optimizer.state_dict() if run.critic_optimizer else None
+    critic_optimizer = gathered.get("critic_optimizer") or (run.critic_optimizer.state_dict() if run.critic_optimizer else None)
     state = {
         "optimizer": gathered.get("optimizer") or run.optimizer.state_dict(),
-        "critic_optimizer": gathered.get("critic_optimizer") or critic_optimizer,
+        "critic_optimizer": critic_optimizer,
         "skipped_in_a_row": run.skipped_in_a_row,
         "diagnostics": run.diagnostics.state_dict(),
         "guards": run.guards.state_dict(),
@@ -718,14 +717,9 @@ class _AdapterFree(torch.nn.Module):
 def _restore(run: Run, checkpoint) -> None:
     state = checkpoint.state
     try:
-        if run.trainee is not None:
-            fsdp.load_full_optimizer_state(run.trainee, run.optimizer, state["optimizer"])
-        else:
-            run.optimizer.load_state_dict(state["optimizer"])
-        if run.critic_optimizer is not None and run.trainee is not None:
-            fsdp.load_full_optimizer_state(run.critic, run.critic_optimizer, state["critic_optimizer"])
-        elif run.critic_optimizer is not None:
-            run.critic_optimizer.load_state_dict(state["critic_optimizer"])
+        _load_optimizer_state(run, run.trainee, run.optimizer, state["optimizer"])
+        if run.critic_optimizer is not None:
+            _load_optimizer_state(run, run.critic, run.critic_optimizer, state["critic_optimizer"])
         set_rng_state(state["rng"])
         run.diagnostics.load_state_dict(state["diagnostics"])
         run.guards.load_state_dict(state.get("guards", {}))
@@ -737,6 +731,14 @@ def _restore(run: Run, checkpoint) -> None:
     run.skipped_in_a_row = int(state.get("skipped_in_a_row", 0))
     run.tracker.truncate_after(checkpoint.step)
     log.info("resumed from %s (step %d)", checkpoint.path, checkpoint.step)
+
+
+def _load_optimizer_state(run: Run, model: torch.nn.Module | None, optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """A checkpoint's optimizer state into `optimizer`: re-sharded under FSDP (saved whole, keyed by name)."""
+    if run.trainee is not None:
+        fsdp.load_full_optimizer_state(model, optimizer, state)
+    else:
+        optimizer.load_state_dict(state)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -837,9 +839,19 @@ def _in_micro_batches(fn, batch: Batch, size: int, lockstep: bool = False) -> to
     for rows in micro_batches:
         piece = fn(batch.select(rows))
         out[rows, : piece.shape[1]] = piece.float()
-    for _ in range(fsdp.lockstep_passes(len(batch), size, len(micro_batches)) if lockstep else 0):
-        fn(batch.select(torch.arange(1, device=batch.mask.device)))
+    if lockstep:
+        _pad_to_lockstep(batch, size, len(micro_batches), fn, backward=False)
     return distributed.all_reduce_sum(out)
+
+
+def _pad_to_lockstep(batch: Batch, size: int, done: int, fn, backward: bool) -> None:
+    """FSDP: after `done` micro-batches of `batch`, run `fn` on its first row until this rank has made
+    as many passes as the busiest one, so every rank joins the same gathers and gradient reductions.
+    The results are thrown away; with `backward` their gradient is multiplied by 0."""
+    for _ in range(fsdp.lockstep_passes(len(batch), size, done)):
+        out = fn(batch.select(torch.arange(1, device=batch.mask.device)))
+        if backward:
+            (0.0 * out.sum()).backward()
 
 
 def _measured_scores(run: Run, trajectories: list[Trajectory], metric: str) -> np.ndarray | None:
