@@ -117,8 +117,17 @@ class AlgoConfig:
     )
     clip_low: float = _f(0.2, "PPO clip epsilon below 1 (ratio >= 1 - clip_low).")
     clip_high: float = _f(0.28, "PPO clip epsilon above 1: clip-higher (DAPO). Reference: 0.28.")
+    clip_ratio_c: float | None = _f(
+        3.0,
+        "Dual clip for negative advantages: the loss of an A < 0 token is capped at -A * c (must be > 1). "
+        "Reference (RAGEN/verl clip_ratio_c): 3.0; null turns it off.",
+    )
     kl_coef: float = _f(0.0, "KL penalty to the frozen reference policy; 0 turns it off (reference).")
-    kl_estimator: Literal["k1", "k2", "k3", "low_var_kl"] = _f("low_var_kl", "KL estimator: Schulman k1/k2/k3, or k3 clamped (verl default).")
+    kl_estimator: Literal["k1", "k2", "k3", "low_var_kl"] = _f(
+        "k1",
+        "KL estimator: Schulman k1/k2/k3 (k3 with the log ratio clamped to +-20), or low_var_kl (k3 clamped, "
+        "value <= 10). Reference RAGEN base config: k1; verl's default: low_var_kl.",
+    )
     entropy_coef: float = _f(0.001, "Token-entropy bonus coefficient. Reference: 0.001.")
     loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] | None = _f(
         None, "Loss aggregation; null = the algorithm's default."
@@ -133,6 +142,14 @@ class AlgoConfig:
     task_advantage_scale: float = _f(
         1.0, "Multiplies the task advantage; 0 gives regulariser-only updates (mechanism study)."
     )
+
+    def __post_init__(self) -> None:
+        """Checked here (not only in `validate`) because library users build this directly."""
+        if self.clip_ratio_c is not None and self.clip_ratio_c <= 1:
+            raise ConfigError(
+                f"algo.clip_ratio_c={self.clip_ratio_c} is not allowed: use a number > 1 "
+                "(RAGEN/verl use 3.0), or null to turn the dual clip off"
+            )
 
 
 @dataclass
@@ -221,7 +238,16 @@ class FilterConfig:
         "reward_variance", "Score each group is ranked by."
     )
     include_zero: bool = _f(False, "Keep zero-variance groups. Paper main setting: false.")
-    eps: float = _f(0.01, "Scores <= eps count as zero.")
+    zero_tol: float = _f(
+        1e-10,
+        "include_zero=false drops the groups whose reward std is <= zero_tol. Reference: 1e-10 (returns all "
+        "equal); a larger value, such as 0.1, also drops groups whose returns differ by step-count noise.",
+    )
+    selection_eps: float = _f(
+        0.01,
+        "Slack of top_p's threshold: keep ranked groups until their summed score reaches value x total - "
+        "selection_eps. Reference: 0.01 (RAGEN's rollout_filter_selection_eps); 0 is the paper's formula.",
+    )
     ddof: int = _f(1, "Delta degrees of freedom of the reward variance.")
     order: Literal["largest", "smallest"] = _f("largest", "Keep the highest (or, ablation, lowest) scores.")
     loss_scale: Literal["none", "linear", "sqrt"] = _f("none", "Scale the loss by the kept ratio.")
@@ -234,6 +260,9 @@ class FilterConfig:
 
     def __post_init__(self) -> None:
         """Checked at start, not at the first filter step after a rollout."""
+        for name in ("zero_tol", "selection_eps"):
+            if isinstance(getattr(self, name), bool) or not getattr(self, name) >= 0:
+                raise ConfigError(f"filter.{name}={getattr(self, name)} is not allowed: use a number >= 0")
         if isinstance(self.trajectory_keep, bool) or not 0 < self.trajectory_keep <= 1:
             raise ConfigError(
                 f"filter.trajectory_keep={self.trajectory_keep} is not allowed: use a fraction in (0, 1] "
@@ -377,12 +406,24 @@ def _check_value(path: str, value: Any, tp: Any) -> Any:
     raise TypeError(f"unsupported config type {tp} at {path}")
 
 
+# Keys that were removed, with what replaces them: a clear message instead of "unknown key".
+REMOVED_KEYS = {
+    "filter.eps": (
+        "it mixed two tolerances, now separate keys. filter.zero_tol is the zero-variance test of "
+        "include_zero=false, on the reward std (reference 1e-10; filter.eps was a tolerance on the variance, "
+        "so eps=0.01 is zero_tol=0.1); filter.selection_eps is the slack of top_p's threshold (reference 0.01)."
+    ),
+}
+
+
 def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
     hints = _hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     kwargs = {}
     for key, value in data.items():
         path = f"{prefix}{key}"
+        if path in REMOVED_KEYS:
+            raise ConfigError(f"config key {path!r} no longer exists: {REMOVED_KEYS[path]}")
         if key not in hints:
             valid = [f"{prefix}{n}" for n in names]
             raise ConfigError(f"unknown config key {path!r}." + did_you_mean(path, all_keys() or valid))

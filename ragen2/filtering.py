@@ -13,9 +13,16 @@ input-agnostic templates. Filtering trains only on the groups that carry signal.
 Per step, on rewards [P, G] (P groups of G episodes that share a prompt and seed):
 
     1. score every group (default: its reward variance, ddof=1);
-    2. with include_zero=False, drop the groups whose RV <= eps; they are never kept;
+    2. with include_zero=False, drop the groups whose reward std is <= zero_tol (1e-10, the
+       reference's test: returns that are all equal); they are never kept;
     3. rank the remaining groups (the candidates) by score, ties in group order, and keep
        the part of that ranking the strategy decides: a prefix, or one quarter (`quartile`).
+
+The defaults select what the RAGEN reference code (`ragen/trainer/rollout_filter.py`)
+selects, with metric="reward_std" as it ranks; docs/filtering.md tables every difference.
+Scores never depend on the order of a group's episodes, and every threshold is compared
+with a tolerance of 1e-9 of its scale, so an exact boundary selects what exact arithmetic
+selects (1 - 0.9 is 0.09999999999999998 in floats).
 
 Whole groups are kept, so group baselines (GRPO mean, RLOO leave-one-out) stay intact.
 `select_trajectories` is the trajectory-level alternative of the paper's ablation: keep
@@ -27,6 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from numbers import Real
 
 import numpy as np
@@ -34,20 +42,34 @@ import numpy as np
 from ragen2.errors import ConfigError, UnknownNameError, did_you_mean
 from ragen2.registry import Registry
 
-# A strategy gets the candidates' scores in ranked order (best first) and returns the ranks
-# to keep, as a slice of that ranking (a prefix for every rule but `quartile`). `largest` is
-# False for order="smallest", where "best" means lowest.
-Strategy = Callable[[np.ndarray, float, bool], slice]
-STRATEGIES: Registry[Strategy] = Registry("filter strategy")
-
 REWARD_METRICS = ("reward_variance", "reward_std", "mean_reward")
 MEASURED_METRICS = ("length", "entropy")  # per-group numbers the rewards do not contain
 METRICS = REWARD_METRICS + MEASURED_METRICS
 ORDERS = ("largest", "smallest")
 LOSS_SCALE_MODES = ("none", "linear", "sqrt")
 
+SELECTION_EPS = 0.01  # slack of the linear top_p threshold (reference: rollout_filter_selection_eps)
+ZERO_TOL = 1e-10  # a reward std <= this is zero variance (reference: |score| <= 1e-10)
+REL_TOL = 1e-9  # thresholds are compared with this tolerance, relative to their scale
+
 # Linear mass and ratio-to-the-best rules only make sense for non-negative scores.
 _NON_NEGATIVE_STRATEGIES = ("top_p", "min_p")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What a strategy knows besides the ranked scores."""
+
+    value: float  # rho
+    largest: bool  # False for order="smallest", where "best" means lowest
+    num_groups: int  # P, every group of the step, dropped ones included (top_k's base, as the reference's)
+    selection_eps: float  # top_p's slack
+
+
+# A strategy gets the candidates' scores in ranked order (best first) and returns the ranks
+# to keep, as a slice of that ranking (a prefix for every rule but `quartile`).
+Strategy = Callable[[np.ndarray, Rule], slice]
+STRATEGIES: Registry[Strategy] = Registry("filter strategy")
 
 
 def select_groups(
@@ -56,58 +78,62 @@ def select_groups(
     value: float = 0.9,
     metric: str = "reward_variance",
     include_zero: bool = True,
-    eps: float = 0.01,
     ddof: int = 1,
     order: str = "largest",
     scores: np.ndarray | None = None,
+    selection_eps: float = SELECTION_EPS,
+    zero_tol: float = ZERO_TOL,
 ) -> np.ndarray:
     """Indices of the groups to train on: int64 [K], sorted ascending, 0 <= K <= P.
 
-    rewards:      float [P, G], episode returns; row i holds group i's G episodes.
-    strategy:     how many ranked candidates to keep:
-                  top_p          smallest prefix whose score sum >= value * candidates' sum
-                                 (the paper's rule, value = keep rate rho, main setting 0.9);
-                  top_p_softmax  smallest prefix whose softmax(score) mass >= value;
-                  top_k          floor(value * n_candidates) groups, at least 1;
-                  min_p          groups with score >= value * best score;
-                  quartile       one quarter of the ranking: value 1 the best quarter
-                                 (highest RV) ... 4 the worst (RAGEN-2's quartile ablation);
-                  none           every candidate.
-    value:        the strategy's parameter rho, in [0, 1] ((0, 1] for top_k; 1, 2, 3 or 4
-                  for quartile); ignored by none. 0.9 is the paper's keep rate.
-    metric:       the score: reward_variance (default), reward_std (what the reference
-                  code ranks by), mean_reward, or length / entropy from `scores`.
-    include_zero: False drops groups with reward variance <= eps before ranking (the
-                  paper's main setting; the default True drops nothing). The test is on
-                  RV whatever the metric, so it always means "no learning signal" and
-                  matches rollout/frac_zero_variance.
-    eps:          tolerance of that test (reference: 0.01).
-    ddof:         delta degrees of freedom of the variance (1: unbiased, the paper's).
-    order:        "largest" keeps the highest scores; "smallest" walks the same rule up
-                  from the lowest scores (ablation).
-    scores:       float [P] or [P, G] (averaged over G); required by length / entropy.
+    rewards:       float [P, G], episode returns; row i holds group i's G episodes.
+    strategy:      how many ranked candidates to keep (s = the candidates' scores, rho = value):
+                   top_p          smallest prefix whose score sum reaches rho * sum(s) - selection_eps
+                                  (the paper's rule with the reference's slack; rho >= 1 keeps every
+                                  candidate, and the prefix is empty when rho * sum(s) <= selection_eps);
+                   top_p_softmax  smallest prefix whose softmax(s) mass reaches rho (the reference's
+                                  top_p_prob_mode=softmax); rho >= 1 keeps every candidate;
+                   top_k          floor(rho * P) groups of all P, at most the candidates, at least 1;
+                   min_p          groups with s >= rho * max(s);
+                   quartile       one quarter of the ranking: value 1 the best quarter
+                                  (highest RV) ... 4 the worst (RAGEN-2's quartile ablation);
+                   none           every candidate.
+    value:         rho, in [0, 1] ((0, 1] for top_k; 1, 2, 3 or 4 for quartile); ignored by none.
+                   0.9 is the paper's keep rate.
+    metric:        the score: reward_variance (default, the paper's formula), reward_std (what the
+                   reference code ranks by), mean_reward, or length / entropy from `scores`.
+    include_zero:  False drops the groups whose reward std is <= zero_tol before ranking (the
+                   paper's main setting; the default True drops nothing). The test is on the
+                   rewards whatever the metric, so it always means "no learning signal" and
+                   matches rollout/frac_zero_variance.
+    ddof:          delta degrees of freedom of the variance (1: unbiased, the paper's).
+    order:         "largest" keeps the highest scores; "smallest" walks the same rule up from the
+                   lowest scores (ablation).
+    scores:        float [P] or [P, G] (averaged over G); required by length / entropy.
+    selection_eps: top_p's slack (reference: 0.01); 0 is the paper's formula as written.
+    zero_tol:      the zero-variance tolerance on the reward std (reference: 1e-10).
 
-    The strategy sees only the candidates: totals, maxima and the count P in its rule are
-    over groups not dropped by include_zero. Every strategy except `none` and `quartile`
-    keeps at least one candidate and keeps a prefix of the stable ranking; quartile cuts the
-    C candidates' ranking into four runs of C // 4, the first C % 4 of them one longer (as
-    numpy.array_split), so with C < 4 the last quartiles are empty. When no
-    candidate is left the result is empty and the trainer skips the step. When every
-    candidate scores 0, top_p and min_p keep them all: there is nothing to rank by, and
-    dropping the batch is what include_zero=False is for.
+    Totals and maxima in a rule are over the candidates (groups not dropped by include_zero);
+    top_k's count is a fraction of all P groups. Every strategy keeps a prefix of the stable
+    ranking, except quartile, which cuts the C candidates' ranking into four runs of C // 4,
+    the first C % 4 of them one longer (as numpy.array_split), so with C < 4 the last
+    quartiles are empty. When no candidate is left the result is empty and the trainer skips
+    the step.
     """
     rewards = _check_rewards(rewards)
     keep_ranks = STRATEGIES.get(strategy)
     value = _check_value(strategy, value)
     _check_choice("filter order", order, ORDERS)
-    if not (isinstance(eps, Real) and eps >= 0):
-        raise ConfigError(f"filter eps {eps!r} must be a number >= 0 (reference: 0.01).")
+    for name, tol in (("selection_eps", selection_eps), ("zero_tol", zero_tol)):
+        if isinstance(tol, bool) or not (isinstance(tol, Real) and tol >= 0):
+            raise ConfigError(f"filter {name} {tol!r} must be a number >= 0 (reference: "
+                              f"{SELECTION_EPS if name == 'selection_eps' else ZERO_TOL}).")
 
     score = group_scores(rewards, metric, ddof, scores)  # [P]
     candidates = np.arange(len(score))
     if not include_zero:
         rv = _reward_variance(rewards, ddof, needed_by="include_zero=False")
-        candidates = candidates[rv > eps]
+        candidates = candidates[np.sqrt(rv) > zero_tol]
     if candidates.size == 0:
         return np.empty(0, dtype=np.int64)
 
@@ -120,9 +146,9 @@ def select_groups(
             "'top_k' or 'top_p_softmax', or a non-negative metric (reward_variance, reward_std)."
         )
     largest = order == "largest"
-    # Stable sort: equal scores keep group order, so ties at the cut are deterministic.
+    # Stable sort: equal scores keep group order, so ties at the cut keep the lower index.
     rank = np.argsort(-cand_score if largest else cand_score, kind="stable")  # [C]
-    kept = keep_ranks(cand_score[rank], value, largest)
+    kept = keep_ranks(cand_score[rank], Rule(value, largest, len(score), float(selection_eps)))
     return np.sort(candidates[rank[kept]]).astype(np.int64)
 
 
@@ -135,7 +161,8 @@ def group_scores(
     """The per-group score `select_groups` ranks by: float [P].
 
     rewards: float [P, G]. scores: float [P] or [P, G], only for the measured metrics
-    (length, entropy), which the caller computes from the trajectories.
+    (length, entropy), which the caller computes from the trajectories. Each group's
+    episodes are sorted before any sum, so a score does not depend on their order.
     """
     rewards = _check_rewards(rewards)
     _check_choice("filter metric", metric, METRICS, error=UnknownNameError)
@@ -147,12 +174,22 @@ def group_scores(
             f"{metric!r} is computed from the rewards. Drop scores= or pick one of those."
         )
     if metric == "mean_reward":
-        return rewards.mean(axis=1)
+        return _without_rounding_noise(np.sort(rewards, axis=1).mean(axis=1))
     rv = _reward_variance(rewards, ddof, needed_by=f"metric {metric!r}")
-    return rv if metric == "reward_variance" else np.sqrt(rv)
+    return _without_rounding_noise(rv if metric == "reward_variance" else np.sqrt(rv))
 
 
-def group_stats(rewards: np.ndarray, ddof: int = 1, eps: float = 0.01) -> dict[str, float]:
+def _without_rounding_noise(score: np.ndarray) -> np.ndarray:
+    """Scores rounded to 12 significant digits: float [P].
+
+    Groups whose scores are equal in exact arithmetic can differ in the last bits ([0.1, 0.2] and
+    [0, 0.1] have the same variance, 0.005, but not in floats), which would break their tie by
+    rounding instead of by group index. 12 digits keep every real difference of returns.
+    """
+    return np.array([float(f"{s:.12g}") for s in score], dtype=np.float64)
+
+
+def group_stats(rewards: np.ndarray, ddof: int = 1, zero_tol: float = ZERO_TOL) -> dict[str, float]:
     """Reward-variance statistics of a batch, logged as rollout/<key>.
 
     rewards: float [P, G]. Returns
@@ -161,7 +198,7 @@ def group_stats(rewards: np.ndarray, ddof: int = 1, eps: float = 0.01) -> dict[s
                           rv_mean is 0. RAGEN-2 uses this spread as a cheap predictor of the
                           gain from filtering: when every group has the same RV, ranking by
                           RV has nothing to choose between;
-      frac_zero_variance  fraction of groups with RV_i <= eps (the groups that
+      frac_zero_variance  fraction of groups whose reward std is <= zero_tol (the groups that
                           include_zero=False drops).
     """
     rv = _reward_variance(_check_rewards(rewards), ddof, needed_by="group_stats")
@@ -169,7 +206,7 @@ def group_stats(rewards: np.ndarray, ddof: int = 1, eps: float = 0.01) -> dict[s
     return {
         "rv_mean": mean,
         "rv_std_over_mean": float(rv.std()) / mean if mean > 0 else 0.0,
-        "frac_zero_variance": float(np.mean(rv <= eps)),
+        "frac_zero_variance": float(np.mean(np.sqrt(rv) <= zero_tol)),
     }
 
 
@@ -243,62 +280,76 @@ def _most_spread(returns: np.ndarray, k: int) -> np.ndarray:
 
 
 @STRATEGIES.register("top_p")
-def _top_p(ranked: np.ndarray, value: float, largest: bool) -> slice:
-    """The paper's rule: keep the smallest prefix holding `value` of the total score."""
-    if ranked.max() == 0:  # no signal to rank by: keep every candidate (see select_groups)
+def _top_p(ranked: np.ndarray, rule: Rule) -> slice:
+    """The paper's rule with the reference's slack: the smallest prefix reaching rho * total - eps.
+
+    The reference adds ranked groups while their running sum is below the threshold (and stops at
+    a score <= 0, where, scores being >= 0, only zeros are left); the same prefix is the smallest k
+    with sum(s[:k]) >= threshold. It is empty when the threshold is <= 0: a batch whose whole score
+    lies within the slack has nothing worth training on.
+    """
+    if rule.value >= 1:
         return slice(len(ranked))
-    return slice(_smallest_prefix_with_mass(ranked, value))
+    total = float(ranked.sum())
+    threshold = rule.value * total - rule.selection_eps
+    return slice(_smallest_prefix_reaching(ranked, threshold, tol=REL_TOL * total, at_least=0))
 
 
 @STRATEGIES.register("top_p_softmax")
-def _top_p_softmax(ranked: np.ndarray, value: float, largest: bool) -> slice:
-    """Nucleus-style: smallest prefix whose softmax probability sums to `value`.
+def _top_p_softmax(ranked: np.ndarray, rule: Rule) -> slice:
+    """Nucleus-style: smallest prefix whose softmax probability sums to `value` (at least one group).
 
     Softmax is shift- but not scale-invariant: variances of 0/1 rewards lie in [0, 0.3],
     where softmax is close to uniform and this behaves like top_k(value).
     """
-    logits = ranked if largest else -ranked  # ranked order puts the largest logit first
+    if rule.value >= 1:
+        return slice(len(ranked))
+    logits = ranked if rule.largest else -ranked  # ranked order puts the largest logit first
     prob = np.exp(logits - logits.max())
-    return slice(_smallest_prefix_with_mass(prob / prob.sum(), value))
+    return slice(_smallest_prefix_reaching(prob / prob.sum(), rule.value, tol=REL_TOL, at_least=1))
 
 
 @STRATEGIES.register("top_k")
-def _top_k(ranked: np.ndarray, value: float, largest: bool) -> slice:
-    # + 1e-9: 0.29 * 100 == 28.999999999999996 in floats, and must keep 29 groups.
-    return slice(max(1, math.floor(value * len(ranked) + 1e-9)))
+def _top_k(ranked: np.ndarray, rule: Rule) -> slice:
+    """floor(value * P) of all P groups (as the reference), at most the candidates, at least one."""
+    # + REL_TOL: 0.29 * 100 == 28.999999999999996 in floats, and must keep 29 groups.
+    return slice(max(1, min(len(ranked), math.floor(rule.value * rule.num_groups + REL_TOL))))
 
 
 @STRATEGIES.register("min_p")
-def _min_p(ranked: np.ndarray, value: float, largest: bool) -> slice:
-    """Keep score >= value * best; for order="smallest", score <= best / value."""
+def _min_p(ranked: np.ndarray, rule: Rule) -> slice:
+    """Keep score >= value * best; for order="smallest", score <= best / value.
+
+    The reference's 1e-10 slack, plus REL_TOL of the best score so that equal floats on both
+    sides of a product compare as equal."""
     best = ranked[0]
-    keep = ranked >= value * best if largest else value * ranked <= best
+    tol = ZERO_TOL + REL_TOL * abs(best)
+    keep = ranked >= rule.value * best - tol if rule.largest else rule.value * ranked <= best + tol
     return slice(int(np.count_nonzero(keep)))
 
 
 @STRATEGIES.register("quartile")
-def _quartile(ranked: np.ndarray, value: float, largest: bool) -> slice:
+def _quartile(ranked: np.ndarray, rule: Rule) -> slice:
     """Quarter `value` of the ranking (1 = best). RAGEN-2 trains on one RV quartile at a time to
     show that the signal, not the amount of data, drives learning: every quartile is the same size."""
-    q, (size, extra) = int(value), divmod(len(ranked), 4)  # the first `extra` quarters get one more
+    q, (size, extra) = int(rule.value), divmod(len(ranked), 4)  # the first `extra` quarters get one more
     return slice((q - 1) * size + min(q - 1, extra), q * size + min(q, extra))
 
 
 @STRATEGIES.register("none")
-def _keep_all(ranked: np.ndarray, value: float, largest: bool) -> slice:
+def _keep_all(ranked: np.ndarray, rule: Rule) -> slice:
     return slice(len(ranked))
 
 
-def _smallest_prefix_with_mass(mass: np.ndarray, value: float) -> int:
-    """Smallest k >= 1 with sum(mass[:k]) >= value * sum(mass), for mass >= 0.
+def _smallest_prefix_reaching(mass: np.ndarray, threshold: float, tol: float, at_least: int) -> int:
+    """Smallest k >= at_least with sum(mass[:k]) >= threshold - tol, for mass >= 0 (len(mass) if none).
 
-    Tested as "the mass left after k is at most (1 - value) of the total": the same
-    condition, but exact at value = 1 (nothing positive is left), where a running prefix
-    sum can stop growing before it reaches scores tiny next to the total.
+    `tol` absorbs the rounding of the running sum and of the threshold itself, so a prefix that
+    reaches the threshold exactly in real arithmetic counts as reaching it.
     """
-    suffix = np.cumsum(mass[::-1])[::-1]  # [C], suffix[i] = sum(mass[i:])
-    left_after = np.append(suffix[1:], 0.0)  # [C], mass left when the first i + 1 are kept
-    return int(np.argmax(left_after <= (1.0 - value) * suffix[0])) + 1
+    reached = np.concatenate([[0.0], np.cumsum(mass)]) >= threshold - tol  # [C + 1], by prefix length
+    reached[:at_least] = False
+    return int(np.argmax(reached)) if reached.any() else len(mass)
 
 
 # ----------------------------------------------------------------------------- checks
@@ -376,11 +427,11 @@ def _check_scores(scores: np.ndarray | None, metric: str, shape: tuple[int, int]
         raise ConfigError(
             f"scores for metric {metric!r} contain NaN or inf; every score must be finite."
         )
-    return scores.mean(axis=1) if scores.ndim == 2 else scores
+    return _without_rounding_noise(np.sort(scores, axis=1).mean(axis=1) if scores.ndim == 2 else scores)
 
 
 def _reward_variance(rewards: np.ndarray, ddof: int, needed_by: str) -> np.ndarray:
-    """RV_i, the variance of group i's G returns: float [P]."""
+    """RV_i, the variance of group i's G returns, independent of their order: float [P]."""
     num_episodes = rewards.shape[1]
     if num_episodes < 2:
         raise ConfigError(
@@ -393,7 +444,9 @@ def _reward_variance(rewards: np.ndarray, ddof: int, needed_by: str) -> np.ndarr
             f"ddof {ddof!r} must be an integer in [0, G-1={num_episodes - 1}] "
             "(1: unbiased variance, the paper's setting)."
         )
-    rv = rewards.var(axis=1, ddof=ddof)
+    # Sorted first: floating-point sums depend on their order, and np.var of [0,0,0,0,1,1,1] and of
+    # [1,1,1,0,0,0,0] differ by 5.6e-17, enough to split equal groups at a threshold or a tie.
+    rv = np.sort(rewards, axis=1).var(axis=1, ddof=ddof)
     # Equal returns can leave ~1e-33 through the rounded mean ([0.1, 0.1, 0.1] does):
     # make them exactly 0, so an all-zero batch is recognised as having no signal.
     rv[(rewards == rewards[:, :1]).all(axis=1)] = 0.0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from fractions import Fraction
 
 import hypothesis.extra.numpy as hnp
 import numpy as np
@@ -59,28 +60,29 @@ def kept(rewards, **kwargs) -> list[int]:
 
 
 def test_worked_example_scores():
-    np.testing.assert_allclose(group_scores(WORKED), WORKED_RV, rtol=1e-12)
-    np.testing.assert_allclose(group_scores(WORKED, "reward_std"), np.sqrt(WORKED_RV), rtol=1e-12)
+    np.testing.assert_allclose(group_scores(WORKED), WORKED_RV, rtol=1e-11)
+    np.testing.assert_allclose(group_scores(WORKED, "reward_std"), np.sqrt(WORKED_RV), rtol=1e-11)
     np.testing.assert_allclose(group_scores(WORKED, "mean_reward"), [0, 0.25, 0.5, 1, 1, 0.025])
     rv_ddof0 = np.array(WORKED_RV) * 3 / 4
-    np.testing.assert_allclose(group_scores(WORKED, ddof=0), rv_ddof0, rtol=1e-12)
+    np.testing.assert_allclose(group_scores(WORKED, ddof=0), rv_ddof0, rtol=1e-11)
 
 
 @pytest.mark.parametrize(
     ("value", "include_zero", "expected"),
     [
-        # tau = 0.9 * 1.91917 = 1.72725; cumulative 1.3333, 1.6667, 1.9167 -> 3 groups.
+        # tau = 0.9 * 1.91917 - 0.01 = 1.71725; cumulative 1.3333, 1.6667, 1.9167 -> 3 groups.
         (0.9, True, [1, 2, 4]),
-        # Candidates g1, g2, g4: tau = 0.9 * 1.91667 = 1.725; same three.
+        # Candidates g1, g2, g4, g5: tau = 0.9 * 1.91917 - 0.01 = 1.71725; same three.
         (0.9, False, [1, 2, 4]),
-        # tau = 0.5 * 1.91917 = 0.9596 <= 1.3333: g4 alone.
+        # tau = 0.5 * 1.91917 - 0.01 = 0.9496 <= 1.3333: g4 alone.
         (0.5, True, [4]),
-        # tau = 0.7 * 1.91917 = 1.3434 > 1.3333: g4 then g2.
+        # tau = 0.7 * 1.91917 - 0.01 = 1.3334 > 1.3333: g4 then g2.
         (0.7, True, [2, 4]),
-        # value 1: every group with a positive score, g5 included, the zeros not.
-        (1.0, True, [1, 2, 4, 5]),
-        # value 0: the smallest non-empty prefix, the top group.
-        (0.0, True, [4]),
+        # value 1: every candidate, the zero-variance ones included (the reference's rho >= 1).
+        (1.0, True, [0, 1, 2, 3, 4, 5]),
+        (1.0, False, [1, 2, 4, 5]),
+        # value 0: the threshold 0 * total - 0.01 is reached by the empty prefix.
+        (0.0, True, []),
     ],
 )
 def test_top_p_worked(value, include_zero, expected):
@@ -95,7 +97,7 @@ def test_top_p_softmax_worked():
     assert kept(WORKED, strategy="top_p_softmax", value=0.75) == [1, 2, 4, 5]
     # Near-uniform softmax over small variances: 0.9 keeps the whole batch.
     assert kept(WORKED, strategy="top_p_softmax", value=0.9) == [0, 1, 2, 3, 4, 5]
-    # Candidates g1, g2, g4: exp 1.28403, 1.39561, 3.79367, sum 6.47331 -> g4 .58605 >= 0.5.
+    # Candidates g1, g2, g4, g5: exp 1.28403, 1.39561, 3.79367, 1.00250, sum 7.47581 -> g4 .50746 >= 0.5.
     assert kept(WORKED, strategy="top_p_softmax", value=0.5, include_zero=False) == [4]
 
 
@@ -122,18 +124,19 @@ def test_min_p_worked():
 
 def test_none_keeps_every_candidate():
     assert kept(WORKED, strategy="none") == [0, 1, 2, 3, 4, 5]
-    assert kept(WORKED, strategy="none", include_zero=False) == [1, 2, 4]
+    assert kept(WORKED, strategy="none", include_zero=False) == [1, 2, 4, 5]
 
 
-def test_include_zero_false_drops_low_variance_groups():
-    # RV <= eps = 0.01: g0, g3 (0) and g5 (0.0025). top_k then ranks 3 candidates: floor(1.5) = 1.
-    assert kept(WORKED, strategy="top_k", value=0.5, include_zero=False) == [4]
-    assert kept(WORKED, strategy="top_k", value=1.0, include_zero=False, eps=0.0) == [1, 2, 4, 5]
+def test_include_zero_false_drops_zero_variance_groups():
+    # std <= 1e-10: g0 and g3; g5 (std 0.05) stays. top_k 0.5 keeps floor(0.5 * 6) = 3 of all 6 groups.
+    assert kept(WORKED, strategy="top_k", value=0.5, include_zero=False) == [1, 2, 4]
+    assert kept(WORKED, strategy="top_k", value=1.0, include_zero=False) == [1, 2, 4, 5]
+    # zero_tol 0.1 is a tolerance on the std: g5's 0.05 is under it.
+    assert kept(WORKED, strategy="none", include_zero=False, zero_tol=0.1) == [1, 2, 4]
 
 
 def test_include_zero_tests_variance_whatever_the_metric():
-    # g5 has std 0.05 > eps but RV 0.0025 <= eps: it is a zero-variance group and is dropped.
-    assert kept(WORKED, strategy="none", metric="reward_std", include_zero=False) == [1, 2, 4]
+    assert kept(WORKED, strategy="none", metric="reward_std", include_zero=False) == [1, 2, 4, 5]
     # mean_reward ranks g3 (mean 1, RV 0) first unless zero-variance groups are dropped.
     by_mean = {"strategy": "top_k", "value": 0.2, "metric": "mean_reward"}
     assert kept(WORKED, **by_mean) == [3]
@@ -141,25 +144,26 @@ def test_include_zero_tests_variance_whatever_the_metric():
 
 
 def test_top_p_total_counts_only_candidates():
-    # eps=0.3 leaves g2 (1/3) and g4 (4/3): tau = 0.75 * 5/3 = 1.25 <= 4/3, so g4 alone.
-    assert kept(WORKED, strategy="top_p", value=0.75, include_zero=False, eps=0.3) == [4]
-    # Over all groups tau = 0.75 * 1.91917 = 1.4394 > 4/3, so g2 is needed too.
-    assert kept(WORKED, strategy="top_p", value=0.75, include_zero=True, eps=0.3) == [2, 4]
+    # zero_tol 0.55 (on the std) leaves g2 (RV 1/3, std .577) and g4 (4/3): tau = 0.75 * 5/3 - 0.01 = 1.24
+    # <= 4/3, so g4 alone.
+    assert kept(WORKED, strategy="top_p", value=0.75, include_zero=False, zero_tol=0.55) == [4]
+    # Over all groups tau = 0.75 * 1.91917 - 0.01 = 1.4294 > 4/3, so g2 is needed too.
+    assert kept(WORKED, strategy="top_p", value=0.75, include_zero=True) == [2, 4]
 
 
 def test_order_smallest_keeps_lowest_scores():
     # Ascending, ties in group order: g0 0, g3 0, g5 0.0025, g1 0.25, g2 0.3333, g4 1.3333.
     assert kept(WORKED, strategy="top_k", value=0.5, order="smallest") == [0, 3, 5]
-    # Candidates ascending: g1, g2, g4.
+    # Candidates ascending: g5, g1, g2, g4; top_k keeps floor(0.5 * 6) = 3.
     bottom = {"value": 0.5, "order": "smallest", "include_zero": False}
-    assert kept(WORKED, strategy="top_k", **bottom) == [1]
-    # min_p mirrored: score <= best / value = 0.25 / 0.5 = 0.5 keeps g1, g2.
-    assert kept(WORKED, strategy="min_p", **bottom) == [1, 2]
-    # Linear top_p from the bottom: tau = 0.5 * 5.75/3 = 0.9583; 0.25, 0.5833, then g4.
-    assert kept(WORKED, strategy="top_p", **bottom) == [1, 2, 4]
-    # softmax(-RV) over g1, g2, g4: exp(-.25) .77880, exp(-1/3) .71653, exp(-4/3) .26360,
-    # sum 1.75893 -> .44277, .40737, .14987; 0.5 needs g1 and g2.
-    assert kept(WORKED, strategy="top_p_softmax", **bottom) == [1, 2]
+    assert kept(WORKED, strategy="top_k", **bottom) == [1, 2, 5]
+    # min_p mirrored: score <= best / value = 0.0025 / 0.5 = 0.005 keeps g5 alone.
+    assert kept(WORKED, strategy="min_p", **bottom) == [5]
+    # Linear top_p from the bottom: tau = 0.5 * 1.91917 - 0.01 = 0.9496; 0.0025, 0.2525, 0.5858, then g4.
+    assert kept(WORKED, strategy="top_p", **bottom) == [1, 2, 4, 5]
+    # softmax(-RV) over g5, g1, g2, g4: exp(-.0025) .99750, exp(-.25) .77880, exp(-1/3) .71653,
+    # exp(-4/3) .26360, sum 2.75643 -> .36188, .28254, .25995, .09563; 0.5 needs g5 and g1.
+    assert kept(WORKED, strategy="top_p_softmax", **bottom) == [1, 5]
 
 
 # ----------------------------------------------------------------------------- edge cases
@@ -177,7 +181,7 @@ TIES = np.array(
 def test_ties_broken_by_group_index():
     # top_k 0.5 keeps 2: g1, then g0 before g2.
     assert kept(TIES, strategy="top_k", value=0.5) == [0, 1]
-    # tau = 0.6 * 5/6 = 0.5; g1 1/3, + g0 = 0.5833 >= 0.5.
+    # tau = 0.6 * 5/6 - 0.01 = 0.49; g1 1/3, + g0 = 0.5833 >= 0.49.
     assert kept(TIES, strategy="top_p", value=0.6) == [0, 1]
     # Ascending: g3, then g0 before g2.
     assert kept(TIES, strategy="top_k", value=0.5, order="smallest") == [0, 3]
@@ -187,8 +191,10 @@ def test_ties_broken_by_group_index():
 
 def test_all_zero_variance():
     rewards = np.ones((4, 3))
-    # No signal to rank by: top_p and min_p keep every candidate rather than an arbitrary one.
-    assert kept(rewards, strategy="top_p", value=0.9) == [0, 1, 2, 3]
+    # top_p: 0.9 * 0 - 0.01 < 0 is reached by the empty prefix (the reference's behaviour); value 1
+    # keeps every candidate; min_p keeps all (every score equals the best).
+    assert kept(rewards, strategy="top_p", value=0.9) == []
+    assert kept(rewards, strategy="top_p", value=1.0) == [0, 1, 2, 3]
     assert kept(rewards, strategy="min_p", value=0.9) == [0, 1, 2, 3]
     # Uniform softmax, 0.25 per group: 0.5 needs two; top_k takes the first by index.
     assert kept(rewards, strategy="top_p_softmax", value=0.5) == [0, 1]
@@ -204,14 +210,15 @@ def test_equal_returns_have_exactly_zero_variance():
     # numpy alone gives 2.9e-34 for [0.1, 0.1, 0.1]; that must still read as "no signal".
     rewards = np.full((3, 3), 0.1)
     assert group_scores(rewards).tolist() == [0.0, 0.0, 0.0]
-    assert kept(rewards, strategy="top_p", value=0.5) == [0, 1, 2]
-    assert kept(np.array([[0.1, 0.1, 0.1], [0.0, 0.0, 1.0]]), strategy="top_p", value=1.0) == [1]
+    assert kept(rewards, strategy="top_p", value=1.0, include_zero=False) == []
+    assert kept(np.array([[0.1, 0.1, 0.1], [0.0, 0.0, 1.0]]), strategy="top_p", value=0.99) == [1]
 
 
 def test_single_group():
     assert kept(np.array([[0.0, 1.0]]), strategy="top_p", value=0.9) == [0]
     assert kept(np.array([[0.0, 1.0]]), strategy="top_k", value=0.1) == [0]
-    assert kept(np.array([[1.0, 1.0]]), strategy="top_p") == [0]
+    assert kept(np.array([[1.0, 1.0]]), strategy="top_p", value=1.0) == [0]
+    assert kept(np.array([[1.0, 1.0]]), strategy="top_p") == []  # nothing above the slack
     assert kept(np.array([[1.0, 1.0]]), strategy="top_p", include_zero=False) == []
 
 
@@ -258,9 +265,9 @@ def test_slow_reference_for_scores_and_stats():
     rewards = rng.normal(size=(7, 5)).round(2)
     rewards[3] = 0.5  # one zero-variance group
     rv = [statistics.variance(row) for row in rewards.tolist()]
-    np.testing.assert_allclose(group_scores(rewards), rv, rtol=1e-12)
+    np.testing.assert_allclose(group_scores(rewards), rv, rtol=1e-11)
     pv = [statistics.pvariance(row) for row in rewards.tolist()]
-    np.testing.assert_allclose(group_scores(rewards, ddof=0), pv, rtol=1e-12)
+    np.testing.assert_allclose(group_scores(rewards, ddof=0), pv, rtol=1e-11)
     stats = group_stats(rewards)
     assert stats["rv_mean"] == pytest.approx(statistics.fmean(rv))
     assert stats["rv_std_over_mean"] == pytest.approx(statistics.pstdev(rv) / statistics.fmean(rv))
@@ -272,7 +279,7 @@ def test_group_stats_worked_and_all_zero():
     assert stats["rv_mean"] == pytest.approx(23.03 / 12 / 6)
     spread = statistics.pstdev(WORKED_RV) / statistics.fmean(WORKED_RV)  # 1.47610
     assert stats["rv_std_over_mean"] == pytest.approx(spread)
-    assert stats["frac_zero_variance"] == 0.5  # g0, g3, g5
+    assert stats["frac_zero_variance"] == pytest.approx(1 / 3)  # g0, g3
     flat = {"rv_mean": 0.0, "rv_std_over_mean": 0.0, "frac_zero_variance": 1.0}
     assert group_stats(np.ones((3, 4))) == flat
 
@@ -357,8 +364,10 @@ def test_bad_rewards_refused():
 def test_bad_options_refused():
     with pytest.raises(ConfigError, match=r"ddof 4 must be an integer in \[0, G-1=3\]"):
         select_groups(WORKED, ddof=4)
-    with pytest.raises(ConfigError, match=r"filter eps -0\.1 must be a number >= 0"):
-        select_groups(WORKED, eps=-0.1)
+    with pytest.raises(ConfigError, match=r"filter selection_eps -0\.1 must be a number >= 0"):
+        select_groups(WORKED, selection_eps=-0.1)
+    with pytest.raises(ConfigError, match=r"filter zero_tol -1 must be a number >= 0"):
+        select_groups(WORKED, zero_tol=-1)
     negative = np.array([[-1.0, -1.0], [1.0, 0.0]])  # mean rewards -1, 0.5
     msg = r"strategy 'top_p' needs non-negative scores, but metric 'mean_reward' gives group 0 the"
     msg += r" score -1\. Use strategy 'top_k' or 'top_p_softmax'"
@@ -399,16 +408,14 @@ reward_matrix = st.tuples(st.integers(1, 10), st.integers(2, 6)).flatmap(
 unit = st.one_of(st.sampled_from([0.0, 0.25, 0.5, 0.9, 1.0]), st.floats(0, 1))
 
 
-def reference_ranking(
-    rewards: np.ndarray, include_zero: bool, eps: float, order: str
-) -> tuple[list[int], list[float]]:
+def reference_ranking(rewards: np.ndarray, include_zero: bool, order: str) -> tuple[list[int], list[float]]:
     """Candidates ranked best first with Python's sort (ties by index), and their RV.
 
     The RVs are group_scores' own (checked against `statistics` above), so a property
     failure here is about selection, not about the last bit of a variance.
     """
     rv = group_scores(rewards).tolist()
-    cand = [i for i in range(len(rv)) if include_zero or rv[i] > eps]
+    cand = [i for i in range(len(rv)) if include_zero or math.sqrt(rv[i]) > 1e-10]
     sign = -1 if order == "largest" else 1
     ranked = sorted(cand, key=lambda i: (sign * rv[i], i))
     return ranked, [rv[i] for i in ranked]
@@ -425,66 +432,170 @@ def reference_ranking(
 def test_kept_set_is_a_prefix_of_the_stable_ranking(rewards, strategy, value, include_zero, order):
     options = {"value": value, "include_zero": include_zero, "order": order}
     out = select_groups(rewards, strategy=strategy, **options)
-    ranked, _ = reference_ranking(rewards, include_zero, 0.01, order)
+    ranked, _ = reference_ranking(rewards, include_zero, order)
     assert out.tolist() == sorted(ranked[: len(out)])
-    assert (len(out) == 0) == (len(ranked) == 0)
+    if strategy != "top_p":  # top_p alone may keep nothing of a batch whose score lies within its slack
+        assert (len(out) == 0) == (len(ranked) == 0)
 
 
 @settings(max_examples=300, deadline=None)
-@given(rewards=reward_matrix, include_zero=st.booleans(), eps=st.sampled_from([0.0, 0.01, 1.0]))
-def test_top_p_one_keeps_exactly_the_positive_candidates(rewards, include_zero, eps):
-    """value=1 keeps every candidate with RV > 0, however small next to the total; when no
-    candidate has RV > 0 (all zero, include_zero=True) it keeps them all."""
-    out = select_groups(rewards, strategy="top_p", value=1.0, include_zero=include_zero, eps=eps)
-    rv = group_scores(rewards)
-    candidates = [i for i in range(len(rv)) if include_zero or rv[i] > eps]
-    positive = [i for i in candidates if rv[i] > 0]
-    assert out.tolist() == (positive or candidates)
+@given(rewards=reward_matrix, include_zero=st.booleans(), strategy=st.sampled_from(["top_p", "top_p_softmax"]))
+def test_value_one_keeps_every_candidate(rewards, include_zero, strategy):
+    """The reference's rho >= 1: every candidate, zero scores included."""
+    out = select_groups(rewards, strategy=strategy, value=1.0, include_zero=include_zero)
+    assert out.tolist() == sorted(reference_ranking(rewards, include_zero, "largest")[0])
 
 
 @settings(max_examples=300, deadline=None)
-@given(rewards=reward_matrix, value=unit, include_zero=st.booleans(), order=st.sampled_from(ORDERS))
-def test_top_p_is_the_smallest_prefix_reaching_the_target(rewards, value, include_zero, order):
-    options = {"value": value, "include_zero": include_zero, "order": order}
+@given(rewards=reward_matrix, value=unit.filter(lambda v: v < 1), include_zero=st.booleans(),
+       order=st.sampled_from(ORDERS), selection_eps=st.sampled_from([0.0, 0.01, 0.5]))
+def test_top_p_is_the_smallest_prefix_reaching_the_target(rewards, value, include_zero, order, selection_eps):
+    options = {"value": value, "include_zero": include_zero, "order": order, "selection_eps": selection_eps}
     out = select_groups(rewards, strategy="top_p", **options)
-    _, ranked_rv = reference_ranking(rewards, include_zero, 0.01, order)
+    _, ranked_rv = reference_ranking(rewards, include_zero, order)
     total = math.fsum(ranked_rv)
-    if total == 0:
-        assert len(out) == len(ranked_rv)
-        return
     k = len(out)
-    target = value * total
+    target = value * total - selection_eps
     tol = 1e-9 * total
     assert math.fsum(ranked_rv[:k]) >= target - tol
-    if k > 1:  # k = 1 when value is so small that the top group alone reaches it
+    if k > 0:
         assert math.fsum(ranked_rv[: k - 1]) < target + tol
 
 
 @settings(max_examples=200, deadline=None)
 @given(rewards=reward_matrix, value=unit.filter(lambda v: v > 0), include_zero=st.booleans())
 def test_top_k_count_and_min_p_threshold(rewards, value, include_zero):
-    ranked, ranked_rv = reference_ranking(rewards, include_zero, 0.01, "largest")
+    ranked, ranked_rv = reference_ranking(rewards, include_zero, "largest")
     top_k = select_groups(rewards, strategy="top_k", value=value, include_zero=include_zero)
-    assert len(top_k) == (max(1, math.floor(value * len(ranked) + 1e-9)) if ranked else 0)
+    expected = max(1, min(len(ranked), math.floor(value * len(rewards) + 1e-9))) if ranked else 0
+    assert len(top_k) == expected  # a fraction of all P groups, as the reference's int(rho * P)
     min_p = select_groups(rewards, strategy="min_p", value=value, include_zero=include_zero)
     rv = group_scores(rewards)
-    assert min_p.tolist() == sorted(i for i in ranked if rv[i] >= value * rv[ranked[0]])
+    assert min_p.tolist() == sorted(i for i in ranked if rv[i] >= value * rv[ranked[0]] - 1e-10)
 
 
-@settings(max_examples=100, deadline=None)
-@given(
-    rewards=reward_matrix,
-    strategy=st.sampled_from(PREFIX_STRATEGIES),
-    value=unit.filter(lambda v: v > 0),
+# ----------------------------------------------------------------------------- the reference's rule, exactly
+
+
+def exact_reference_selection(
+    rewards: list[list[str]], strategy: str, value: str, include_zero: bool, order: str, selection_eps: str
+) -> list[int]:
+    """RAGEN's `_select_top_groups` (ragen/trainer/rollout_filter.py), restated over exact rationals.
+
+    Rewards and settings are decimal strings, so every sum and threshold is exact: this is the
+    selection the reference makes when its float rounding does not interfere. Scores are the
+    unbiased variances (the rule is the same whatever it ranks).
+    """
+    rows = [[Fraction(r) for r in row] for row in rewards]
+    scores = []
+    for row in rows:
+        mean = sum(row) / len(row)
+        scores.append(sum((r - mean) ** 2 for r in row) / (len(row) - 1))
+    rho, eps = Fraction(value), Fraction(selection_eps)
+    indices = [i for i in range(len(scores)) if include_zero or scores[i] != 0]
+    if not indices:
+        return []
+    ranked = sorted(indices, key=lambda i: (-scores[i] if order == "largest" else scores[i], i))
+    if strategy == "top_p":
+        if rho >= 1:
+            return sorted(indices)
+        threshold = rho * sum(scores[i] for i in indices) - eps
+        cumulative, count = Fraction(0), 0
+        for i in ranked:  # the reference's loop
+            if cumulative >= threshold or scores[i] <= 0:
+                break
+            cumulative += scores[i]
+            count += 1
+        return sorted(ranked[:count]) if cumulative >= threshold else []
+    if strategy == "top_k":
+        k = max(1, min(len(indices), math.floor(rho * len(scores))))
+        return sorted(ranked[:k])
+    best = scores[ranked[0]]  # min_p
+    if order == "largest":
+        return sorted(i for i in indices if scores[i] >= rho * best)
+    return sorted(i for i in indices if rho * scores[i] <= best)
+
+
+decimal_reward = st.sampled_from(["0", "1", "-1", "0.1", "-0.1", "0.2", "-0.3", "0.5", "2", "10"])
+decimal_matrix = st.tuples(st.integers(1, 10), st.integers(2, 5)).flatmap(
+    lambda shape: st.lists(st.lists(decimal_reward, min_size=shape[1], max_size=shape[1]),
+                           min_size=shape[0], max_size=shape[0])
 )
-def test_selection_does_not_depend_on_group_order_without_ties(rewards, strategy, value):
-    """Reversing the groups reverses the kept set when the variances are distinct."""
-    rv = group_scores(rewards)
-    if len(np.unique(rv)) < len(rv):
-        return
-    forward = select_groups(rewards, strategy=strategy, value=value)
-    backward = select_groups(rewards[::-1], strategy=strategy, value=value)
-    assert sorted(len(rv) - 1 - backward) == forward.tolist()
+
+
+@settings(max_examples=600, deadline=None)
+@given(
+    rewards=decimal_matrix,
+    strategy=st.sampled_from(["top_p", "top_k", "min_p"]),
+    value=st.sampled_from(["0", "0.1", "0.25", "0.3", "0.5", "0.6", "0.75", "0.8", "0.9", "1"]),
+    include_zero=st.booleans(),
+    order=st.sampled_from(ORDERS),
+    selection_eps=st.sampled_from(["0", "0.01"]),
+)
+def test_selection_equals_the_reference_rule_in_exact_arithmetic(
+    rewards, strategy, value, include_zero, order, selection_eps
+):
+    if strategy == "top_k" and value == "0":
+        return  # not a top_k setting here: value must be in (0, 1]
+    if strategy == "top_p" and order == "smallest":
+        return  # the reference stops at the first zero score from the bottom; ragen2 walks on (docs/filtering.md)
+    expected = exact_reference_selection(rewards, strategy, value, include_zero, order, selection_eps)
+    out = select_groups(np.array([[float(r) for r in row] for row in rewards]), strategy, float(value),
+                        include_zero=include_zero, order=order, selection_eps=float(selection_eps))
+    assert out.tolist() == expected
+
+
+@pytest.mark.parametrize("strategy", ["top_p", "top_p_softmax"])
+@pytest.mark.parametrize("group", [[0, 0, 0, 1], [0, 1], [-0.1, -0.1, -0.2, -0.3]])
+def test_identical_groups_keep_exactly_the_fraction_asked(strategy, group):
+    """n identical groups and value k/n keep exactly k (F5): no rounding adds a group at the boundary."""
+    for n in range(1, 21):
+        rewards = np.tile(group, (n, 1))
+        for k in range(1, n):
+            out = select_groups(rewards, strategy, k / n, selection_eps=0.0)
+            assert len(out) == k, (n, k)
+            assert out.tolist() == list(range(k))  # ties keep the lower index
+
+
+# ----------------------------------------------------------------------------- permutations
+
+permutable = st.tuples(reward_matrix, st.randoms(use_true_random=False))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    data=permutable,
+    strategy=st.sampled_from(STRATEGIES.names()),
+    value=unit.filter(lambda v: v > 0),
+    include_zero=st.booleans(),
+    order=st.sampled_from(ORDERS),
+)
+def test_selection_does_not_depend_on_the_order_of_episodes_or_groups(data, strategy, value, include_zero, order):
+    """Shuffling each group's episodes changes nothing; shuffling the groups moves the same selection
+    with them (as kept scores: of groups tied at the cut, the lower index is kept wherever it lands)."""
+    rewards, rng = data
+    if strategy == "quartile":
+        value = 1 + int(value * 3.999)
+    options = {"strategy": strategy, "value": value, "include_zero": include_zero, "order": order}
+    out = select_groups(rewards, **options)
+    shuffled = np.array([rng.sample(list(row), len(row)) for row in rewards])
+    assert select_groups(shuffled, **options).tolist() == out.tolist()
+
+    perm = np.array(rng.sample(range(len(rewards)), len(rewards)))  # new group i is old group perm[i]
+    moved = select_groups(rewards[perm], **options)
+    scores = group_scores(rewards)
+    assert sorted(scores[perm[moved]].tolist()) == sorted(scores[out].tolist())
+    if len(np.unique(scores)) == len(scores):  # no ties: the very same groups
+        assert sorted(perm[moved].tolist()) == out.tolist()
+
+
+def test_equal_groups_in_any_episode_order_are_equal():
+    """F4: np.var of [0,0,0,0,1,1,1] and [1,1,1,0,0,0,0] differ by 5.6e-17; both groups must tie."""
+    rewards = np.array([[0, 0, 0, 0, 1, 1, 1], [1, 1, 1, 0, 0, 0, 0]], dtype=float)
+    assert group_scores(rewards)[0] == group_scores(rewards)[1]
+    assert kept(rewards, strategy="min_p", value=1.0) == [0, 1]
+    four = np.array([[1, 1, 1, 0, 0, 0, 0], [0, 0, 0, 0, 1, 1, 1]] * 2, dtype=float)
+    assert kept(four, strategy="top_k", value=0.5) == [0, 1]  # ties keep the lower index
 
 
 def test_every_metric_and_strategy_runs():
@@ -506,8 +617,8 @@ def test_every_metric_and_strategy_runs():
         (True, "largest", [[2, 4], [1, 5], [0], [3]]),
         # Lowest first (ties by index): g0, g3, g5, g1, g2, g4.
         (True, "smallest", [[0, 3], [1, 5], [2], [4]]),
-        # Candidates g4, g2, g1 (g0, g3, g5 have RV <= 0.01): one each, Q4 empty.
-        (False, "largest", [[4], [2], [1], []]),
+        # Candidates g4, g2, g1, g5 (g0, g3 have RV 0): one each.
+        (False, "largest", [[4], [2], [1], [5]]),
     ],
 )
 def test_quartile_worked(include_zero, order, expected):
@@ -574,3 +685,37 @@ def test_select_trajectories_maximises_variance(rewards, keep):
         k = int(chosen.sum())
         best = max(np.var(row[list(c)]) for c in itertools.combinations(range(len(row)), k))
         assert np.var(row[chosen]) == pytest.approx(best, rel=1e-9, abs=1e-9)
+
+
+# ----------------------------------------------------------------------------- the reference's worked cases
+
+
+def test_shaped_rewards_keep_what_the_reference_keeps():
+    """F1: group 0's RV 0.0092 is signal, not zero. Std 0.0957, 0.5774, 0; threshold
+    0.9 * 0.6731 - 0.01 = 0.5958 > 0.5774, so group 0 joins group 1."""
+    rewards = np.array([[-0.1, -0.1, -0.2, -0.3], [0, 0, 1, 1], [-0.1, -0.1, -0.1, -0.1]])
+    assert kept(rewards, strategy="top_p", value=0.9, metric="reward_std", include_zero=False) == [0, 1]
+    # Ranked by variance (the paper's formula): 0.0092, 0.3333; threshold 0.9 * 0.3425 - 0.01 = 0.2983.
+    assert kept(rewards, strategy="top_p", value=0.9, include_zero=False) == [1]
+
+
+def test_value_one_keeps_every_candidate_worked():
+    """F2: rho = 1 keeps every candidate, zero scores included."""
+    rewards = np.array([[0, 1], [1, 1], [0, 0]])
+    assert kept(rewards, strategy="top_p", value=1.0, include_zero=True) == [0, 1, 2]
+    assert kept(rewards, strategy="top_p", value=1.0, include_zero=False) == [0]
+
+
+def test_top_k_counts_all_groups():
+    """F3: int(0.5 * 4) = 2 of all four groups, though only two are candidates."""
+    rewards = np.array([[0, 1], [0, 1], [1, 1], [0, 0]])
+    assert kept(rewards, strategy="top_k", value=0.5, include_zero=False) == [0, 1]
+
+
+def test_exact_boundaries():
+    """F5: ten groups of [0, 0, 0, 1] (std 0.5): 0.9 of the total 5 is reached by nine, exactly."""
+    rewards = np.tile([0.0, 0.0, 0.0, 1.0], (10, 1))
+    assert len(select_groups(rewards, "top_p", 0.9, "reward_std", selection_eps=0.0)) == 9
+    assert len(select_groups(rewards, "top_p", 0.9, "reward_std")) == 9
+    # Six equal groups, softmax 1/6 each: 0.5 is reached by three.
+    assert kept(np.tile([0.0, 1.0], (6, 1)), strategy="top_p_softmax", value=0.5) == [0, 1, 2]

@@ -106,7 +106,8 @@ def grad_snr_probe(
                for k2 / k3 its value and gradient are exactly 0, and for k1 its gradient is
                the plain score function, not a pull toward anything.
     kl_estimator, agg, norm_tokens: as the trainer's loss (`algo.kl_estimator`, the
-               algorithm's aggregation, Dr.GRPO's constant divisor).
+               algorithm's aggregation, Dr.GRPO's constant divisor). The default stays
+               low_var_kl, not the trainer's k1: k1's gradient does not depend on the reference.
     micro_batch_size: sequences per forward/backward; gradients accumulate, so the result
                does not depend on it.
     kl_coef, entropy_coef: when given, the norms multiplied by them are reported too,

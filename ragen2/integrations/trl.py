@@ -113,11 +113,12 @@ class Ragen2GRPOConfig(GRPOConfig):
     )
     reward_variance_filtering_include_zero: bool = field(
         default=False,
-        metadata={"help": "Let groups whose reward variance is <= reward_variance_filtering_selection_eps be "
+        metadata={"help": "Let groups whose rewards are all equal (reward std <= 1e-10, the reference's test) be "
                           "ranked and kept. Paper: False (they carry no task gradient)."},
     )
     reward_variance_filtering_selection_eps: float = field(
-        default=0.01, metadata={"help": "A group's reward variance <= this counts as zero. Reference: 0.01."}
+        default=0.01, metadata={"help": "Slack of 'top_p': keep ranked groups until their summed variance reaches "
+                                        "top_p x total - this. Reference: 0.01 (RAGEN's selection_eps)."}
     )
     reward_variance_loss_scale: str = field(
         default="none",
@@ -200,24 +201,21 @@ def select_reward_variance_groups(
     top_p: float = 0.9,
     top_k: int | None = None,
     include_zero: bool = False,
-    eps: float = 0.01,
+    selection_eps: float = 0.01,
 ) -> np.ndarray:
     """Indices of the groups to train on, int64 [K] ascending, from rewards [P, G]: `select_groups`' choice.
 
     'top_p' is `select_groups(rewards, "top_p", top_p, ...)`. 'top_k' keeps min(top_k, C) of the C
-    candidates (`select_groups`' "top_k" rule with the fraction min(top_k, C) / C).
+    candidates, at least one (`select_groups`' "top_k" rule with the fraction min(top_k, P) / P).
     """
     if strategy == "top_p":
-        return select_groups(rewards, "top_p", top_p, include_zero=include_zero, eps=eps)
+        return select_groups(rewards, "top_p", top_p, include_zero=include_zero, selection_eps=selection_eps)
     if strategy != "top_k":
         raise ConfigError(f"strategy={strategy!r} is not allowed; allowed values: {', '.join(FILTER_STRATEGIES)}")
     if top_k is None or top_k < 1:
         raise ConfigError(f"strategy 'top_k' needs top_k >= 1 groups; got {top_k!r}")
-    candidates = select_groups(rewards, "none", include_zero=include_zero, eps=eps)
-    if candidates.size == 0:
-        return candidates
-    return select_groups(rewards, "top_k", min(top_k, candidates.size) / candidates.size,
-                         include_zero=include_zero, eps=eps)
+    num_groups = len(rewards)
+    return select_groups(rewards, "top_k", min(top_k, num_groups) / num_groups, include_zero=include_zero)
 
 
 def process_keep_mask(
@@ -333,7 +331,7 @@ class Ragen2GRPOTrainer(GRPOTrainer):
         self.last_selection = Selection(rewards, kept, keep, factor)
 
         metrics = self._metrics["train"]
-        for key, value in group_stats(rewards, eps=args.reward_variance_filtering_selection_eps).items():
+        for key, value in group_stats(rewards).items():
             metrics[f"reward_variance/{key}"].append(value)
         metrics["reward_variance/kept_groups"].append(float(len(kept)))
         metrics["reward_variance/kept_ratio"].append(len(kept) / rewards.shape[0])

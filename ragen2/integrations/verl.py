@@ -49,7 +49,7 @@ from ragen2.filtering import REWARD_METRICS, group_stats, select_groups
 
 # The options of `select_groups` that a verl config can set; their defaults are those of
 # ragen2's `filter` section (the paper's main setting: top_p, rho = 0.9, zero-RV groups dropped).
-FILTER_KEYS = ("strategy", "value", "metric", "include_zero", "eps", "ddof", "order")
+FILTER_KEYS = ("strategy", "value", "metric", "include_zero", "ddof", "order", "selection_eps", "zero_tol")
 SAMPLER_KWARGS = "trainer.v1.sampler.sampler_kwargs"
 DEFAULT_MAX_RESAMPLES = 4
 
@@ -98,7 +98,7 @@ def choose_groups(
     incomplete = [g for g, m in members.items() if len(m) < size]
     rewards = np.asarray(returns, dtype=np.float64)[np.array([members[g] for g in complete])]  # [P, G]
     kept = select_groups(rewards, **options)
-    metrics = {f"rollout/{k}": v for k, v in group_stats(rewards, options["ddof"], options["eps"]).items()}
+    metrics = {f"rollout/{k}": v for k, v in group_stats(rewards, options["ddof"], options["zero_tol"]).items()}
     metrics |= {
         "filter/kept_groups": float(len(kept)),
         "filter/kept_ratio": len(kept) / len(complete),

@@ -8,7 +8,7 @@ whatever they hold, as long as they are finite.
 The trainer combines them per step (``algo.*`` keys, see docs/algorithms.md),
 with ``agg = algo.loss_agg``:
 
-    loss = policy_loss(logp, old_logp, advantages, mask, clip_low, clip_high, agg)[0]
+    loss = policy_loss(logp, old_logp, advantages, mask, clip_low, clip_high, agg, clip_ratio_c)[0]
          + algo.kl_coef * aggregate(kl_penalty(logp, ref_logp, algo.kl_estimator), mask, agg)
          - algo.entropy_coef * aggregate(entropy_from_logits(logits), mask, agg)
 
@@ -250,18 +250,22 @@ def value_loss(
     return loss, {"clipfrac": clipfrac.detach()}
 
 
-def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: str = "low_var_kl") -> Tensor:
+def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: str = "k1") -> Tensor:
     """Per-token estimate of KL(pi || pi_ref) from tokens sampled by pi.
 
     Schulman, "Approximating KL Divergence" (2020). logp, ref_logp: [B, T] ->
     [B, T]. With d = logp - ref_logp:
 
-    - ``k1`` = d: unbiased, high variance, can be negative per token.
+    - ``k1`` = d: unbiased, high variance, can be negative per token (the
+      default: RAGEN's base config sets ``kl_loss_type: kl``).
     - ``k2`` = d^2 / 2: biased, low variance, >= 0.
-    - ``k3`` = exp(-d) + d - 1: unbiased, low variance, >= 0 (GRPO's choice).
+    - ``k3`` = exp(-d) + d - 1: Schulman's k3 (GRPO's choice), unbiased, low
+      variance, >= 0, with d clamped to +-20 so that it stays finite (exp(-d)
+      overflows float32 once d < -88; beyond +-20 its gradient is 0); the value
+      itself is not clamped.
     - ``low_var_kl``: k3 with d clamped to +-20 and the result to <= 10, as
-      verl's ``low_var_kl`` (its default ``kl_loss_type``), against rare huge
-      ratios.
+      verl's ``low_var_kl`` (its default ``kl_loss_type``; verl's "k3" means
+      this one), against rare huge ratios.
 
     Aggregate with ``aggregate`` and the training mask.
     """
@@ -272,10 +276,9 @@ def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: str = "low_var_kl") -> Tens
         return diff
     if kind == "k2":
         return 0.5 * diff**2
-    if kind == "k3":
-        return torch.exp(-diff) + diff - 1.0
     diff = diff.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
-    return (torch.exp(-diff) + diff - 1.0).clamp(max=10.0)
+    k3 = torch.exp(-diff) + diff - 1.0
+    return k3 if kind == "k3" else k3.clamp(max=10.0)
 
 
 def _over_token_chunks(

@@ -57,7 +57,7 @@ from ragen2.agent.rollout import stable_seed
 from ragen2.agent.vllm_backend import VLLMBackend
 from ragen2.collapse.alarm import AlarmDecision
 from ragen2.collapse.grad_snr import grad_snr_probe, group_reward_variance
-from ragen2.collapse.online import OnlineDiagnostics
+from ragen2.collapse.online import OnlineDiagnostics, summary_rows
 from ragen2.config import Config, save_config, to_dict, validate
 from ragen2.envs import EVAL_SEED_OFFSET
 from ragen2.errors import CheckpointError, ConfigError
@@ -285,9 +285,12 @@ def filter_phase(run: Run, trajectories: list[Trajectory]) -> tuple[list[Traject
     f, P, G = run.config.filter, run.config.rollout.num_groups, run.config.rollout.group_size
     rewards = np.array([t.episode_return for t in trajectories]).reshape(P, G)  # [P, G], group-major
     scores = _measured_scores(run, trajectories, f.metric)  # [P, G] for length / entropy, else None
-    kept_groups = select_groups(rewards, f.strategy, f.value, f.metric, f.include_zero, f.eps, f.ddof, f.order, scores)
+    kept_groups = select_groups(
+        rewards, f.strategy, f.value, f.metric, f.include_zero, f.ddof, f.order, scores,
+        selection_eps=f.selection_eps, zero_tol=f.zero_tol,
+    )
     kept = set(kept_groups.tolist())
-    metrics = {f"rollout/{k}": v for k, v in group_stats(rewards, f.ddof, f.eps).items()}
+    metrics = {f"rollout/{k}": v for k, v in group_stats(rewards, f.ddof, f.zero_tol).items()}
     metrics |= {
         "filter/kept_ratio": len(kept) / P,
         "filter/kept_groups": float(len(kept)),
@@ -416,7 +419,8 @@ def policy_step(run: Run, mini: Batch, scale: float) -> dict[str, float]:
         entropy = F.pad(entropy_from_logits(logits if a.entropy_coef else logits.detach()), (start, 0))
         old_logp = logp.detach() if mb.old_logp is None else mb.old_logp
         pg_loss, pg_stats = policy_loss(
-            logp, old_logp, mb.advantages, mb.mask, a.clip_low, a.clip_high, agg, norm_tokens=norm, **counts
+            logp, old_logp, mb.advantages, mb.mask, a.clip_low, a.clip_high, agg, a.clip_ratio_c,
+            norm_tokens=norm, **counts,
         )
         loss = pg_loss - a.entropy_coef * aggregate(entropy, mb.mask, agg, norm, **counts)
         if mb.ref_logp is not None:
@@ -430,10 +434,11 @@ def policy_step(run: Run, mini: Batch, scale: float) -> dict[str, float]:
         totals["entropy"] += (entropy.detach() * mb.mask).sum() / tokens
         totals["clipfrac"] += pg_stats["clipfrac"] * share
         totals["approx_kl"] += pg_stats["approx_kl"] * share
+        totals["dual_clipfrac"] += pg_stats["dual_clipfrac"] * share
     if run.trainee is not None:
         _pad_to_lockstep(mini, a.micro_batch_size, len(micro_batches), lambda mb: response_logits(model, mb)[0],
                          backward=True)
-    totals = _sum_over_ranks(totals, ["loss", "policy_loss", "entropy", "clipfrac", "approx_kl"]
+    totals = _sum_over_ranks(totals, ["loss", "policy_loss", "entropy", "clipfrac", "dual_clipfrac", "approx_kl"]
                              + (["kl"] if mini.ref_logp is not None else []))
     if run.trainee is None:
         distributed.all_reduce_grads(_trainable(run.optimizer))
@@ -536,11 +541,17 @@ def check_guards(run: Run, step: int, metrics: dict[str, float]) -> None:
 def skip_step(run: Run, step: int, metrics: dict[str, float]) -> None:
     """Record a step without an update; stop the run after `trainer.max_skipped_steps` in a row."""
     run.skipped_in_a_row += 1
-    zero = metrics["rollout/frac_zero_variance"]
-    reason = (
-        f"no group kept: {zero:.0%} of the {run.config.rollout.num_groups} groups have reward variance <= "
-        f"filter.eps={run.config.filter.eps}" if zero > 0 else "no kept group has a training sample"
-    )
+    zero, f = metrics["rollout/frac_zero_variance"], run.config.filter
+    if not metrics["filter/kept_groups"]:
+        reason = (
+            f"no group kept: {zero:.0%} of the {run.config.rollout.num_groups} groups have zero reward variance "
+            f"(std <= filter.zero_tol={f.zero_tol})"
+            + ("" if zero == 1 else f", and filter.strategy={f.strategy} kept none of the others"
+               + (f" (top_p keeps none when filter.value x their summed score <= filter.selection_eps="
+                  f"{f.selection_eps})" if f.strategy == "top_p" else ""))
+        )
+    else:
+        reason = "no kept group has a training sample"
     run.tracker.log_event("skipped_step", f"step {step} skipped: {reason}", step)
     limit = run.config.trainer.max_skipped_steps
     if run.skipped_in_a_row >= limit:
@@ -815,6 +826,7 @@ def summary_table(run: Run) -> str:
         rows.append(("mean step time", f"{np.mean([v for _, v in step_times]):.1f} s"))
     if memory:
         rows.append(("peak memory", f"{max(v for _, v in memory):.0f} MB"))
+    rows += summary_rows(records)  # the last MI check per scheme, "n/a" with its pair count
     rows.append(("run dir", str(run.run_dir)))
     if run.stop_reason:
         rows.append(("stopped early", run.stop_reason))

@@ -79,3 +79,13 @@ def test_env_algo_filter_presets_layer_in_order():
     assert "sokoban-ppo-nofilter" in preset_names() and "sokoban-nofilter" not in preset_names()
     with pytest.raises(ConfigError, match="unknown preset 'sokoban-ppo-nofiltr'.*Did you mean: sokoban-ppo-nofilter"):
         load_config("sokoban-ppo-nofiltr")
+
+
+def test_removed_filter_eps_says_what_replaces_it():
+    with pytest.raises(ConfigError, match=r"'filter.eps' no longer exists.*filter.zero_tol.*eps=0.01 is zero_tol=0.1.*"
+                                          r"filter.selection_eps"):
+        load_config(None, ["filter.eps=0.01"])
+    c = load_config(None, ["filter.zero_tol=0.1", "filter.selection_eps=0"])
+    assert (c.filter.zero_tol, c.filter.selection_eps) == (0.1, 0.0)
+    with pytest.raises(ConfigError, match=r"filter.selection_eps=-1.0 is not allowed: use a number >= 0"):
+        load_config(None, ["filter.selection_eps=-1"])

@@ -96,7 +96,7 @@ def test_exactly_the_selected_groups_keep_advantages_and_loss_mask(trl_run):
     assert len(trl_run.trainer.batches) == 2  # one generation batch per optimizer step
     for batch in trl_run.trainer.batches:
         rewards = batch["rewards_per_func"].numpy()[:, 0].reshape(P, G)  # one reward function, weight 1
-        expected = select_groups(rewards, "top_p", 0.9, include_zero=False, eps=0.01)
+        expected = select_groups(rewards, "top_p", 0.9, include_zero=False)
         np.testing.assert_array_equal(batch["selection"].kept_groups, expected)
         assert 0 not in expected and expected.size > 0  # A has zero variance: always dropped
         kept_rows = np.repeat(np.isin(np.arange(P), expected), G)  # [16], one process holds the whole batch
@@ -116,7 +116,7 @@ def test_same_selection_as_ragen2_trainer(trl_run):
     for batch in trl_run.trainer.batches:
         rewards = batch["rewards_per_func"].numpy()[:, 0].reshape(P, G)
         config = load_config(None, [f"rollout.num_groups={P}", f"rollout.group_size={G}", "filter.strategy=top_p",
-                                    "filter.value=0.9", "filter.include_zero=false", "filter.eps=0.01"])
+                                    "filter.value=0.9", "filter.include_zero=false"])
         trajectories = [Trajectory("bandit", seed=g, group_id=g, samples=[([1], [1])], episode_return=float(r))
                         for g in range(P) for r in rewards[g]]
         kept, _ = filter_phase(SimpleNamespace(config=config), trajectories)
@@ -209,7 +209,7 @@ def test_each_process_slices_the_global_selection(world_size):
     rewards = rng.integers(0, 3, size=(num_groups, num_gen)).astype(float)
     rewards[2] = 1.0  # a zero-variance group, never kept
     kept = select_reward_variance_groups(rewards, "top_p", 0.9)
-    np.testing.assert_array_equal(kept, select_groups(rewards, "top_p", 0.9, include_zero=False, eps=0.01))
+    np.testing.assert_array_equal(kept, select_groups(rewards, "top_p", 0.9, include_zero=False))
     num_local = num_groups * num_gen // world_size
     masks = [process_keep_mask(kept, num_groups, num_gen, rank, num_local) for rank in range(world_size)]
     rows = np.concatenate(masks)
@@ -223,9 +223,9 @@ def test_top_k_keeps_a_count_and_matches_ragen2_top_k_fraction():
     rewards = np.array([[0, 1, 0, 1], [0, 0, 0, 0], [0, 2, 0, 2], [0, 0, 0, 1], [1, 1, 1, 1.0]])
     assert select_reward_variance_groups(rewards, "top_k", top_k=2).tolist() == [0, 2]
     assert select_reward_variance_groups(rewards, "top_k", top_k=10).tolist() == [0, 2, 3]  # all 3 candidates
-    # ragen2's top_k with value 2/3 of the 3 candidates is the same choice
+    # ragen2's top_k with value 2/5 of the 5 groups is the same choice
     np.testing.assert_array_equal(select_reward_variance_groups(rewards, "top_k", top_k=2),
-                                  select_groups(rewards, "top_k", 2 / 3, include_zero=False, eps=0.01))
+                                  select_groups(rewards, "top_k", 2 / 5, include_zero=False))
     assert select_reward_variance_groups(rewards, "top_k", top_k=4, include_zero=True).tolist() == [0, 1, 2, 3]
     assert select_reward_variance_groups(np.ones((3, 4)), "top_k", top_k=2).size == 0
 
@@ -350,7 +350,7 @@ def test_two_processes_select_on_gathered_rewards_and_mask_their_slice(tmp_path)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     rewards = np.array(ranks[0]["rewards"])  # [3, 4], gathered over both ranks
     assert ranks[1]["rewards"] == ranks[0]["rewards"]
-    expected = select_groups(rewards, "top_p", 1.0, include_zero=False, eps=0.01)
+    expected = select_groups(rewards, "top_p", 1.0, include_zero=False)
     assert 0 not in expected and 1 in expected  # A is constant; B, the group on both ranks, varies most
     assert all(r["kept_groups"] == expected.tolist() for r in ranks)
     keep = np.concatenate([r["keep"] for r in ranks])  # rank 0 holds rows 0-5, rank 1 rows 6-11

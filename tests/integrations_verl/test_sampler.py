@@ -26,7 +26,7 @@ EOS = 2
 PROMPT_LEN = 3
 # Final reward of each of the 4 sessions of 5 prompt groups. Reward variances (ddof=1):
 # g0 0, g1 0.25, g2 1/3, g3 0, g4 1. Zero-variance groups are dropped (include_zero=false); top_p
-# with rho=0.8 keeps the smallest prefix of (g4, g2, g1) holding 0.8 of 1.583: g4 + g2 = 1.333.
+# with rho=0.8 keeps the smallest prefix of (g4, g2, g1) reaching 0.8 x 1.583 - 0.01: g4 + g2 = 1.333.
 REWARDS = {"g0": [1, 1, 1, 1], "g1": [1, 0, 0, 0], "g2": [1, 1, 0, 0], "g3": [0, 0, 0, 0], "g4": [2, 0, 0, 0]}
 KEPT = {"g2", "g4"}
 
@@ -89,7 +89,8 @@ def test_config_selects_the_plugin():
     buffer = build_buffer(value=0.8)
     assert type(buffer) is SNRReplayBuffer
     assert buffer.filter_options == {"strategy": "top_p", "value": 0.8, "metric": "reward_variance",
-                                     "include_zero": False, "eps": 0.01, "ddof": 1, "order": "largest"}
+                                     "include_zero": False, "ddof": 1, "order": "largest",
+                                     "selection_eps": 0.01, "zero_tol": 1e-10}
 
 
 def test_sampler_drops_the_low_variance_groups_and_the_batch_stays_valid(fake_tq):

@@ -200,6 +200,20 @@ def test_clip_higher_gradient_support(ratio: float) -> None:
         assert grad_neg == pytest.approx(ratio)
 
 
+@pytest.mark.parametrize("clip_ratio_c, expected", [(3.0, 3.0), (None, 5.0)])
+def test_dual_clip_known_answer_at_ratio_5(clip_ratio_c: float | None, expected: float) -> None:
+    """A = -1, r = 5, clip 0.2 / 0.28: max(5, 1.28) = 5, capped at -A c = 3; the capped token has no gradient."""
+    logp = torch.tensor([[math.log(5.0)]], dtype=torch.float64, requires_grad=True)
+    loss, stats = policy_loss(
+        logp, torch.zeros(1, 1, dtype=torch.float64), t64([[-1.0]]), torch.ones(1, 1), 0.2, 0.28, "token-mean",
+        clip_ratio_c,
+    )
+    loss.backward()
+    assert float(loss.detach()) == pytest.approx(expected)
+    assert float(logp.grad) == (0.0 if clip_ratio_c else pytest.approx(5.0))  # d(-A r)/dlogp = r
+    assert float(stats["dual_clipfrac"]) == (1.0 if clip_ratio_c else 0.0)
+
+
 @pytest.mark.parametrize("ratio", [2.0, 2.9, 3.1, 6.0])
 def test_dual_clip_gradient_support(ratio: float) -> None:
     grad = _grad_at_ratio(ratio, -1.0, dual_clip=3.0)
@@ -303,9 +317,35 @@ def test_kl_estimators_known_answer() -> None:
 
 
 def test_low_var_kl_is_clamped() -> None:
-    logp, ref = t64([-40.0]), t64([0.0])  # k3 = exp(40) - 41
-    assert float(kl_penalty(logp, ref, "k3")) > 1e17
+    logp, ref = t64([-40.0]), t64([0.0])  # unclamped k3 = exp(40) - 41; d clamped to -20: exp(20) - 21
+    assert float(kl_penalty(logp, ref, "k3")) == pytest.approx(math.exp(20) - 21)
     assert float(kl_penalty(logp, ref, "low_var_kl")) == 10.0
+
+
+@pytest.mark.parametrize("d", [-100.0, -1000.0, 100.0, 1000.0])
+def test_k3_stays_finite_in_float32_for_huge_log_ratios(d: float) -> None:
+    """exp(-d) overflows float32 once d < -88; k3 clamps d (not its value) to +-20."""
+    logp, ref = torch.tensor([d], dtype=torch.float32), torch.zeros(1, dtype=torch.float32)
+    k3 = kl_penalty(logp, ref, "k3")
+    assert torch.isfinite(k3).all()
+    clamped = max(-20.0, min(20.0, d))
+    assert float(k3) == pytest.approx(math.exp(-clamped) + clamped - 1, rel=1e-5)
+
+
+@SETTINGS
+@given(st.lists(st.floats(-19.9, 19.9), min_size=1, max_size=10))
+def test_k3_equals_the_unclamped_formula_inside_the_clamp(diffs: list[float]) -> None:
+    d = t64(diffs)
+    expected = torch.exp(-d) + d - 1.0
+    torch.testing.assert_close(kl_penalty(d, torch.zeros_like(d), "k3"), expected, rtol=1e-12, atol=0.0)
+
+
+def test_default_kl_estimator_is_k1_as_the_ragen_base_config() -> None:
+    from ragen2.config import AlgoConfig
+
+    assert AlgoConfig().kl_estimator == "k1"
+    logp, ref = t64([-0.5, -3.0]), t64([-1.0, -1.0])
+    torch.testing.assert_close(kl_penalty(logp, ref), logp - ref)
 
 
 @SETTINGS

@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from ragen2.agent.types import Trajectory, Turn
-from ragen2.config import Config, load_config
+from ragen2.config import AlgoConfig, Config, load_config
 from ragen2.errors import ConfigError
 from ragen2.rl import trainer
 from ragen2.rl.batch import build_batch, response_logits
@@ -203,6 +203,36 @@ def test_grpo_with_group_size_one_is_refused(policy_dir, tmp_path):
         tiny_config(policy_dir, tmp_path, "rollout.group_size=1")
 
 
+def test_dual_clip_defaults_to_the_reference_and_bad_values_are_refused(policy_dir, tmp_path):
+    assert AlgoConfig().clip_ratio_c == 3.0  # RAGEN/verl actor.clip_ratio_c
+    assert tiny_config(policy_dir, tmp_path).algo.clip_ratio_c == 3.0
+    assert tiny_config(policy_dir, tmp_path, "algo.clip_ratio_c=null").algo.clip_ratio_c is None
+    for bad in ("1", "0.5"):
+        with pytest.raises(ConfigError, match=rf"algo\.clip_ratio_c={bad}.* > 1"):
+            tiny_config(policy_dir, tmp_path, f"algo.clip_ratio_c={bad}")
+
+
+@pytest.mark.parametrize("clip_ratio_c, expected", [("3.0", 3.0), ("null", 5.0)])
+def test_policy_step_caps_negative_advantage_tokens_at_clip_ratio_c(policy_dir, tmp_path, clip_ratio_c, expected):
+    """Ratio 5 on every token, A = -1: the loss is -A c = 3 with no gradient (5 without the dual clip)."""
+    run = trainer.setup(tiny_config(
+        policy_dir, tmp_path / "run", f"algo.clip_ratio_c={clip_ratio_c}", "algo.loss_agg=token-mean",
+        "algo.entropy_coef=0", "optim.lr=0", "optim.grad_clip=0",
+    ))
+    batch = trainer.advantage_phase(run, _with_varied_returns(run))
+    batch.advantages = torch.where(batch.mask > 0, -1.0, 0.0)
+    with torch.no_grad():
+        batch.old_logp = trainer._in_micro_batches(lambda mb: trainer._logprobs(run.policy, mb), batch, 2) - math.log(5)
+    metrics = trainer.policy_step(run, batch, scale=1.0)
+    assert metrics["policy_loss"] == pytest.approx(expected, rel=1e-4)
+    grads = [p.grad for p in run.policy.parameters() if p.grad is not None]
+    if clip_ratio_c == "null":
+        assert any(torch.any(g != 0) for g in grads)
+    else:
+        assert all(torch.all(g == 0) for g in grads)
+    run.tracker.close()
+
+
 def test_existing_run_directory_is_refused(policy_dir, tmp_path):
     (tmp_path / "metrics.jsonl").write_text("")
     with pytest.raises(ConfigError, match="--resume"):
@@ -270,7 +300,8 @@ def test_empty_steps_are_skipped_then_the_run_stops(policy_dir, tmp_path):
 def test_lora_trains_only_the_adapters_and_round_trips(policy_dir, tmp_path):
     run_dir = tmp_path / "run"
     config = tiny_config(policy_dir, run_dir, "model.lora_rank=2", "model.lora_target_modules=[q_proj,v_proj]",
-                         "algo.kl_coef=0.1", "trainer.total_steps=1", "filter.include_zero=true")
+                         "algo.kl_coef=0.1", "algo.kl_estimator=low_var_kl",  # >= 0 per token, unlike k1
+                         "trainer.total_steps=1", "filter.include_zero=true")
     run = trainer.setup(config)
     trainable = _parameters(run.policy)
     assert trainable and all("lora_" in name for name in trainable)
