@@ -7,6 +7,8 @@ entropy and success on one step axis, because the point of the diagnostics is to
 proxies fall while entropy looks healthy, before success drops (RAGEN-2, arXiv 2604.06268).
 
 Figures whose metrics a run never logged are skipped, not drawn empty; the page lists them.
+Missing values (null in metrics.jsonl: a collapse proxy a check could not support, see
+`ragen2.collapse.mi_metrics`) are skipped point by point; the summary shows "n/a" with the pair count.
 Figures are built with `matplotlib.figure.Figure`, which renders PNGs with the Agg backend and
 leaves pyplot's global state (and any interactive backend a notebook chose) alone.
 """
@@ -373,16 +375,16 @@ def _html(
         + f"; {len(events)} events.</p>",
     ]
 
-    rows = [(key, metrics.last(key), metrics.peak(key)) for key in SUMMARY_KEYS if metrics.has(key)]
+    rows = [row for key in SUMMARY_KEYS if (row := _summary_row(metrics, key)) is not None]
     if rows:
         parts += [
             "<h2>Summary</h2>",
             "<table><tr><th>metric</th><th>last</th><th>at step</th><th>max</th><th>at step</th></tr>",
         ]
-        for key, (last_step, last), (peak_step, peak) in rows:
+        for key, last, last_step, peak, peak_step in rows:
             parts.append(
-                f"<tr><td>{esc(key)}</td><td class=n>{last:.4g}</td><td class=n>{last_step}</td>"
-                f"<td class=n>{peak:.4g}</td><td class=n>{peak_step}</td></tr>"
+                f"<tr><td>{esc(key)}</td><td class=n>{esc(last)}</td><td class=n>{last_step}</td>"
+                f"<td class=n>{esc(peak)}</td><td class=n>{peak_step}</td></tr>"
             )
         parts.append("</table>")
 
@@ -412,6 +414,26 @@ def _html(
         parts += ["<h2>Config</h2>", f"<pre>{esc(config.read_text(encoding='utf-8'))}</pre>"]
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
+
+
+def _summary_row(metrics: Metrics, key: str) -> tuple[str, str, str, str, str] | None:
+    """(key, last, at step, max, at step) as text, or None when the run never logged `key`.
+
+    A collapse proxy whose latest check could not support it (logged `num_pairs` but not the
+    proxy: too few pairs or distinct inputs, see `mi_metrics`) shows "n/a (M pairs)" at that
+    check rather than an older value; the max column keeps the best check that had one.
+    """
+    last, peak = metrics.last(key), metrics.peak(key)
+    check = metrics.last(key.split("/")[0] + "/num_pairs") if key.startswith("collapse_") else None
+    if check is not None and (last is None or last[0] < check[0]):
+        pairs = f"{check[1]:.0f} pair{'' if check[1] == 1 else 's'}"
+        last_text, last_step = f"n/a ({pairs})", str(check[0])
+    elif last is not None:
+        last_text, last_step = f"{last[1]:.4g}", str(last[0])
+    else:
+        return None
+    peak_text, peak_step = (f"{peak[1]:.4g}", str(peak[0])) if peak is not None else ("n/a", "")
+    return key, last_text, last_step, peak_text, peak_step
 
 
 def _is_number(value: Any) -> bool:

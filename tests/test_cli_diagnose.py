@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -72,3 +73,32 @@ def test_diagnose_reports_an_unusable_file(tmp_path, model_dir, capsys):
     good.write_text('{"group": 0, "prompt": "A<think>", "reasoning": "go"}\n')
     assert main(["diagnose", str(good), "--model", str(tmp_path / "no-model")]) == 2
     assert "no-model: no such directory" in capsys.readouterr().err
+
+
+def test_diagnose_on_two_records_says_the_proxies_cannot_be_computed(tmp_path, model_dir, capsys):
+    """Issue 15: two pairs printed Retrieval-Acc 1.0 "within sampling noise of chance". Two records of
+    one input: retrieval and MI do not exist; two records of two inputs: too few to tell from chance."""
+    same = tmp_path / "same.jsonl"
+    same.write_text("".join(json.dumps({"group": 0, "prompt": "Room 0: player at (row 1, col 2).<think>",
+                                        "reasoning": f"I push the box {d}."}) + "\n" for d in ("right", "down")))
+    assert main(["diagnose", str(same), "--model", str(model_dir), "--out", str(tmp_path / "a"),
+                 "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "the proxies cannot be computed from 2 pairs" in out and "at least 2 distinct inputs" in out
+    assert "within sampling noise" not in out
+    assert re.search(r"^Retrieval-Acc +n/a$", out, flags=re.MULTILINE)
+    assert re.search(r"^MI-ZScore +n/a$", out, flags=re.MULTILINE)
+    assert "pairs x inputs             2 x 1 (1 distinct)" in out
+    report = json.loads((tmp_path / "a" / "diagnose.json").read_text())
+    assert report["metrics"]["num_pairs"] == 2 and "retrieval_acc" not in report["metrics"]
+    assert "mi_zscore" not in report["metrics"] and report["reading"].startswith("the proxies cannot be computed")
+
+    two = tmp_path / "two.jsonl"
+    two.write_text("".join(json.dumps({"group": g, "prompt": f"Room {g}: player at (row {g}, col 2).<think>",
+                                       "reasoning": f"I push the box {d}."}) + "\n"
+                           for g, d in ((0, "right"), (1, "down"))))
+    assert main(["diagnose", str(two), "--model", str(model_dir), "--out", str(tmp_path / "b"),
+                 "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "2 pairs over 2 distinct inputs are too few to tell" in out and "at least 5 pairs" in out
+    assert "within sampling noise of chance" not in out

@@ -127,3 +127,23 @@ def test_every_metric_the_report_reads_is_documented() -> None:
     read = set(SUMMARY_KEYS) | {key for spec in FIGURES for key in spec.keys}
     for key in read:
         assert any(fnmatch.fnmatchcase(doc, key) for doc in documented), f"{key} is not in docs/metrics.md"
+
+
+def test_checks_without_proxies_are_skipped_and_summarised_as_na(tmp_path: Path) -> None:
+    """A check with one pair logs num_pairs but no retrieval_acc / mi_zscore_ema (absent, or NaN -> null):
+    the figure skips that point, the summary says n/a with the pair count at that step."""
+    p = "collapse_first_turn"
+    with Tracker(tmp_path, {}, tensorboard=False) as tracker:
+        tracker.log(1, {f"{p}/num_pairs": 1, f"{p}/chance_level": 0.5, f"{p}/cond_entropy": 2.0})
+        tracker.log(5, {f"{p}/num_pairs": 8, f"{p}/retrieval_acc": 0.75, f"{p}/mi_zscore_ema": 0.5,
+                        f"{p}/chance_level": 0.5})
+        tracker.log(10, {f"{p}/num_pairs": 1, f"{p}/retrieval_acc": math.nan, f"{p}/mi_zscore_ema": math.nan,
+                         f"{p}/chance_level": 0.5})
+    html = write_report(tmp_path).read_text()
+    assert (f"<td>{p}/retrieval_acc</td><td class=n>n/a (1 pair)</td><td class=n>10</td>"
+            "<td class=n>0.75</td><td class=n>5</td>") in html
+    assert f"<td>{p}/mi_zscore_ema</td><td class=n>n/a (1 pair)</td><td class=n>10</td>" in html
+    fig = Figure()
+    next(s for s in FIGURES if s.name == "collapse").draw(fig, Metrics(read_metrics(tmp_path)), [])
+    lines = {line.get_label(): line for line in fig.axes[0].get_lines()}
+    assert list(lines["first turn"].get_xdata()) == [5] and list(lines["first turn"].get_ydata()) == [0.75]

@@ -16,10 +16,16 @@ the band as well, the policy is collapsing in the ordinary, visible way (it stop
 or it degenerated into noise), and the alarm stays quiet. It fires once per run of collapsed
 checks; a healthy check re-arms it. `CollapseAlarm.update` is pure bookkeeping over the metric
 dict, so the trainer decides what firing means (`collapse.alarm`: warn, or warn and stop).
+
+A check whose batch could not support the values the rule reads (absent or NaN: fewer than 2
+pairs, one distinct input, no MI-ZScore-EMA scale yet; see `mi_metrics`) is no evidence either
+way: it neither counts towards the patience nor resets the streak, and it sets no reference
+entropy or maximum. The alarm carries on at the next usable check as if it had not happened.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -53,21 +59,32 @@ class CollapseAlarm:
     def update(self, step: int, metrics: dict[str, float]) -> AlarmDecision | None:
         """Fold in one check's metrics (`collapse_<alarm_scheme>/...`); the decision when it fires.
 
-        Metrics without the watched scheme's `retrieval_acc` (steps off the schedule, or a batch
-        with no reasoning to score) are not a check: nothing changes.
+        Metrics without a finite value of each watched proxy the rule reads (steps off the
+        schedule, a batch with no reasoning to score, or too few pairs or distinct inputs for the
+        proxies to exist) are not a check: nothing changes, the streak neither grows nor resets.
         """
         cfg = self.config
         prefix = f"collapse_{cfg.alarm_scheme}/"
-        if cfg.alarm == "off" or prefix + "retrieval_acc" not in metrics:
+        if cfg.alarm == "off":
             return None
-        acc, chance = metrics[prefix + "retrieval_acc"], metrics[prefix + "chance_level"]
-        zscore, entropy = metrics[prefix + "mi_zscore_ema"], metrics[prefix + "cond_entropy"]
+        value = {key: _finite(metrics.get(prefix + key))
+                 for key in ("retrieval_acc", "chance_level", "mi_zscore_ema", "cond_entropy")}
+        needed = {"retrieval_near_chance": ("retrieval_acc", "chance_level"), "zscore_drop": ("mi_zscore_ema",),
+                  "both": ("retrieval_acc", "chance_level", "mi_zscore_ema")}[cfg.alarm_rule]
+        needed += ("cond_entropy",) if cfg.alarm_entropy_band is not None else ()
+        if any(value[key] is None for key in needed):
+            return None  # no evidence: neither collapsed nor healthy
+        nan = float("nan")
+        acc, chance = value["retrieval_acc"], value["chance_level"]
+        zscore, entropy = value["mi_zscore_ema"], value["cond_entropy"]
 
-        if self.reference_entropy is None:
+        if self.reference_entropy is None and entropy is not None:
             self.reference_entropy = entropy
-        self.max_zscore = zscore if self.max_zscore is None else max(self.max_zscore, zscore)
-        near_chance = acc <= chance + cfg.alarm_margin
-        dropped = self.max_zscore > 0 and zscore <= (1 - cfg.alarm_drop) * self.max_zscore
+        if zscore is not None:
+            self.max_zscore = zscore if self.max_zscore is None else max(self.max_zscore, zscore)
+        near_chance = acc is not None and chance is not None and acc <= chance + cfg.alarm_margin
+        dropped = (zscore is not None and self.max_zscore is not None and self.max_zscore > 0
+                   and zscore <= (1 - cfg.alarm_drop) * self.max_zscore)
         collapsed = {"retrieval_near_chance": near_chance, "zscore_drop": dropped, "both": near_chance and dropped}
         band = cfg.alarm_entropy_band
         entropy_steady = band is None or abs(entropy - self.reference_entropy) <= band * abs(self.reference_entropy)
@@ -79,13 +96,13 @@ class CollapseAlarm:
         if self.streak < cfg.alarm_patience or self.fired:
             return None
         self.fired = True
-        data = {
-            "retrieval_acc": acc,
-            "chance_level": chance,
-            "mi_zscore_ema": zscore,
-            "mi_zscore_ema_max": self.max_zscore,
-            "cond_entropy": entropy,
-            "cond_entropy_first_check": self.reference_entropy,
+        data = {  # NaN: a value the rule did not need and this check could not support
+            "retrieval_acc": nan if acc is None else acc,
+            "chance_level": nan if chance is None else chance,
+            "mi_zscore_ema": nan if zscore is None else zscore,
+            "mi_zscore_ema_max": nan if self.max_zscore is None else self.max_zscore,
+            "cond_entropy": nan if entropy is None else entropy,
+            "cond_entropy_first_check": nan if self.reference_entropy is None else self.reference_entropy,
             "checks": float(self.streak),
         }
         return AlarmDecision(step, cfg.alarm, self._message(step, data), data)
@@ -126,3 +143,11 @@ class CollapseAlarm:
         self.max_zscore = state["max_zscore"]
         self.streak = int(state["streak"])
         self.fired = bool(state["fired"])
+
+
+def _finite(value: Any) -> float | None:
+    """The value as a float when it is a finite number, else None (absent, None or NaN: missing)."""
+    if value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None

@@ -21,6 +21,9 @@ import numpy as np
 from scipy.special import logsumexp
 
 MARGINALS = ("mixture", "token_mean")
+MIN_PAIRS = 2  # fewer pairs: no rate, no mean, no spread to speak of
+MIN_DISTINCT_INPUTS = 2  # fewer: every reasoning "retrieves" the only input and MI is 0 by construction
+ZERO_SPREAD = 1e-9  # sigma at or below this (nats/token) is zero up to rounding: no scale for the z-scores
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,8 @@ def mi_metrics(
         eps: added to sigma in the z-scores; paper 1e-3.
 
     Returns:
-        A dict of Python floats and ints (see docs/diagnostics.md), plus "ema_state": EmaState.
+        A dict of Python floats and ints (see docs/diagnostics.md), plus "ema_state": EmaState
+        (None while no step has had a usable sigma). Values that cannot be computed are NaN (below).
         retrieval_acc, recall@k, chance_level, mi_est, mi_seq_est, mi_upper_bound, mi_zscore,
         mi_zscore_ema, marginal_std, marginal_std_ema, cond_entropy, reasoning_entropy,
         num_pairs, num_inputs, num_distinct_inputs.
@@ -73,6 +77,23 @@ def mi_metrics(
     Ties in the ranking are broken uniformly at random *in expectation* (a hit counts 1/e when
     the true class shares the top score with e - 1 others), so a fully collapsed matrix, where
     every input scores a reasoning the same, gives exactly the chance level.
+
+    Missing values. A proxy that the batch cannot support is NaN, never a number made up by the
+    formula; the counts (num_pairs, num_inputs, num_distinct_inputs) are always there, and
+    `proxies_undefined` words the reason:
+
+    - fewer than MIN_PAIRS (2) pairs, or fewer than MIN_DISTINCT_INPUTS (2) distinct inputs:
+      retrieval_acc, recall@k, mi_est, mi_seq_est, mi_zscore, mi_zscore_ema are NaN. One pair
+      is one hit or miss, not a rate; with one distinct input retrieval is 1 (= chance) and MI
+      is 0 whatever the policy does. marginal_std is NaN with fewer than 2 pairs (the spread of
+      one value is 0 by construction).
+    - zero spread (sigma <= ZERO_SPREAD): mi_zscore is NaN, since mi_est / (0 + eps) is a
+      multiple of 1/eps, not of any scale in the data; mi_est itself stays finite.
+    - the EMA folds in only a step whose mi_zscore is finite. Any other step returns the state
+      it was given, unchanged (None stays None, so the EMA starts at the first usable sigma);
+      mi_zscore_ema is mi_est / (sigma_EMA + eps), NaN where mi_est is or while that state is None.
+    - cond_entropy, reasoning_entropy, chance_level and mi_upper_bound need one pair and are
+      always finite (reasoning_entropy - cond_entropy = mi_est only where mi_est is defined).
     """
     logp, source, lengths, ks = _validate(logp, source, lengths, input_ids, ks, ema_state, marginal, ema_alpha, eps)
     m, p = logp.shape
@@ -98,25 +119,34 @@ def mi_metrics(
         marginal_tok = marginal_seq / lengths
     else:
         marginal_tok = logsumexp(logp / lengths[:, None], axis=1) - np.log(p)
-    mi_est = float(np.mean(matched - marginal_tok))
+    nan = float("nan")
+    defined = proxies_undefined(m, num_classes) is None  # retrieval and MI mean something
+    mi_est = float(np.mean(matched - marginal_tok)) if defined else nan
 
-    sigma = float(np.std(marginal_tok))  # population std over the batch
-    if ema_state is None:
-        new_state = EmaState(sigma=sigma, steps=1)
-    else:
-        new_state = EmaState(sigma=ema_alpha * ema_state.sigma + (1 - ema_alpha) * sigma, steps=ema_state.steps + 1)
+    sigma = float(np.std(marginal_tok)) if m >= MIN_PAIRS else nan  # population std over the batch
+    scaled = defined and sigma > ZERO_SPREAD  # mi_zscore has a scale: only then is sigma folded into the EMA
+    new_state = ema_state
+    if scaled:
+        if ema_state is None:
+            new_state = EmaState(sigma=sigma, steps=1)
+        else:
+            smoothed = ema_alpha * ema_state.sigma + (1 - ema_alpha) * sigma
+            new_state = EmaState(sigma=smoothed, steps=ema_state.steps + 1)
+    sigma_ema = new_state.sigma if new_state is not None else nan
 
+    if not defined:
+        recall = {k: nan for k in recall}
     out: dict[str, Any] = {"retrieval_acc": recall[1]}
     out.update({f"recall@{k}": recall[k] for k in ks})
     out.update(
         chance_level=1.0 / num_classes,
         mi_est=mi_est,
-        mi_seq_est=float(np.mean(matched_seq - marginal_seq)),
+        mi_seq_est=float(np.mean(matched_seq - marginal_seq)) if defined else nan,
         mi_upper_bound=float(np.log(p)),
-        mi_zscore=mi_est / (sigma + eps),
-        mi_zscore_ema=mi_est / (new_state.sigma + eps),
+        mi_zscore=mi_est / (sigma + eps) if scaled else nan,
+        mi_zscore_ema=mi_est / (sigma_ema + eps) if defined and sigma_ema > ZERO_SPREAD else nan,
         marginal_std=sigma,
-        marginal_std_ema=new_state.sigma,
+        marginal_std_ema=sigma_ema,
         cond_entropy=float(-np.mean(matched)),
         reasoning_entropy=float(-np.mean(marginal_tok)),
         num_pairs=m,
@@ -125,6 +155,19 @@ def mi_metrics(
         ema_state=new_state,
     )
     return out
+
+
+def proxies_undefined(num_pairs: float, num_distinct_inputs: float) -> str | None:
+    """Why Retrieval-Acc and the MI estimates cannot be computed from M pairs over C distinct
+    inputs, in words (None when they can): they need MIN_PAIRS pairs and MIN_DISTINCT_INPUTS inputs."""
+    m, c = int(num_pairs), int(num_distinct_inputs)
+    if m < MIN_PAIRS:
+        return (f"Retrieval-Acc and MI need at least {MIN_PAIRS} (input, reasoning) pairs from at least "
+                f"{MIN_DISTINCT_INPUTS} distinct inputs; one pair is a single hit or miss, not a rate")
+    if c < MIN_DISTINCT_INPUTS:
+        return (f"every pair has the same input, so retrieval is trivially right and MI is 0 by construction; "
+                f"they need pairs from at least {MIN_DISTINCT_INPUTS} distinct inputs")
+    return None
 
 
 def _input_classes(input_ids: Sequence[Sequence[int]] | None, p: int) -> np.ndarray:

@@ -40,7 +40,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from ragen2.agent.parsing import THINK_CLOSE, THINK_OPEN
 from ragen2.collapse.heatmap import draw_heatmap
-from ragen2.collapse.metrics import MARGINALS, mi_metrics
+from ragen2.collapse.metrics import MARGINALS, MIN_PAIRS, mi_metrics, proxies_undefined
 from ragen2.collapse.online import RECALL_KS
 from ragen2.collapse.scoring import score_matrix
 from ragen2.errors import ConfigError, RolloutFormatError
@@ -542,22 +542,48 @@ def reading(metrics: dict[str, float]) -> str:
     """One line on what the numbers say, for people who do not read MI estimates every day.
 
     Retrieval-Acc counts as at chance within two standard errors of a chance-level hit rate over
-    M pairs: with few pairs, a few lucky hits are expected.
+    M pairs: with few pairs, a few lucky hits are expected. Three cases say so instead of
+    reading the numbers: the proxies do not exist (fewer than 2 pairs, or one distinct input:
+    `proxies_undefined`), or M is so small that even a perfect Retrieval-Acc would be within
+    the noise (then the line gives the M it would take).
     """
-    acc, chance, m = metrics["retrieval_acc"], metrics["chance_level"], metrics["num_pairs"]
-    if chance >= 1.0:
-        return "only one distinct input: retrieval and MI are trivial; use --scheme trajectory or pairs"
+    m, distinct = metrics["num_pairs"], metrics["num_distinct_inputs"]
+    why = proxies_undefined(m, distinct)
+    if why is not None:
+        hint = ("pass records from different inputs (--scheme trajectory or pairs also score later turns)"
+                if m >= MIN_PAIRS else "pass more records, or raise --num-samples")
+        return f"the proxies cannot be computed from {m:.0f} pair{'s' if m != 1 else ''}: {why}; {hint}"
+    acc, chance = metrics["retrieval_acc"], metrics["chance_level"]
     noise = 2 * math.sqrt(chance * (1 - chance) / m)
+    needed = pairs_to_tell_from_chance(chance)
+    if m < needed:
+        return (f"{m:.0f} pairs over {distinct:.0f} distinct inputs are too few to tell Retrieval-Acc {acc:.3f} from "
+                f"chance {chance:.3f}: even a perfect score is within sampling noise (2 s.e. = {noise:.2f}); it "
+                f"takes at least {needed} pairs")
     if acc <= chance + noise:
         return (f"Retrieval-Acc is within sampling noise of chance (2 s.e. = {noise:.2f} at {m:.0f} pairs): the "
                 "reasoning does not identify its input (template collapse, or inputs the model cannot tell apart)")
     return f"Retrieval-Acc is {acc / chance:.1f}x chance, beyond sampling noise: the reasoning depends on its input"
 
 
+def pairs_to_tell_from_chance(chance: float) -> int:
+    """The fewest pairs M at which a perfect Retrieval-Acc (1.0) is beyond chance + 2 s.e.,
+    2 sqrt(c (1 - c) / M): M > 4c / (1 - c), e.g. 5 at chance 1/2, 2 at chance 1/8."""
+    m = max(MIN_PAIRS, int(4 * chance / (1 - chance)))
+    while 1.0 <= chance + 2 * math.sqrt(chance * (1 - chance) / m):
+        m += 1
+    return m
+
+
 def format_table(metrics: dict[str, float]) -> str:
-    """Two columns: the proxy and its value."""
+    """Two columns: the proxy and its value ("n/a" where the pairs cannot support it)."""
     width = max(len(label) for _, label in TABLE_ROWS) + 2
-    lines = [f"{label:<{width}}{metrics[key]:>10.4f}" for key, label in TABLE_ROWS]
+
+    def value(key: str) -> str:
+        v = metrics.get(key, math.nan)
+        return f"{v:>10.4f}" if math.isfinite(v) else f"{'n/a':>10}"
+
+    lines = [f"{label:<{width}}{value(key)}" for key, label in TABLE_ROWS]
     lines.append(f"{'pairs x inputs':<{width}}{int(metrics['num_pairs']):>5d} x {int(metrics['num_inputs'])}"
                  f" ({int(metrics['num_distinct_inputs'])} distinct)")
     return "\n".join(lines)
@@ -587,8 +613,11 @@ def diagnose_cli(
     out = Path(out) if out is not None else Path(f"diagnose-{Path(path).stem}")
     out.mkdir(parents=True, exist_ok=True)
     m = result.metrics
-    title = (f"{Path(path).name}: {scheme}, Retrieval-Acc {m['retrieval_acc']:.3f} "
-             f"(chance {m['chance_level']:.3f}), MI-ZScore {m['mi_zscore']:.3g}")
+    def shown(key: str, spec: str) -> str:
+        return f"{m[key]:{spec}}" if math.isfinite(m[key]) else "n/a"  # `format` is a parameter here
+
+    title = (f"{Path(path).name}: {scheme}, Retrieval-Acc {shown('retrieval_acc', '.3f')} "
+             f"(chance {m['chance_level']:.3f}), MI-ZScore {shown('mi_zscore', '.3g')}, {m['num_pairs']:.0f} pairs")
     heatmap_path = draw_heatmap(result.logp, result.source, result.lengths, out / "heatmap.png",
                                 input_labels=result.column_labels, title=title)
     sel = result.selection

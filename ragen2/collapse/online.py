@@ -26,6 +26,7 @@ state are carried across steps and saved with checkpoints through `state_dict`.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -91,6 +92,9 @@ class OnlineDiagnostics:
         Returns `collapse_<scheme>/<metric>` for every number `mi_metrics` returns, plus
         `collapse_<scheme>/valid_thinking_rate`. A scheme with no non-empty reasoning reports
         only `valid_thinking_rate` and `num_pairs` (0), and its EMA state is left as it was.
+        A proxy the batch cannot support (NaN from `mi_metrics`: fewer than 2 pairs, one distinct
+        input, zero spread) is left out of the dict, not logged as NaN or as a made-up number;
+        `num_pairs` and `num_distinct_inputs` are always there to say why.
         """
         out: dict[str, float] = {}
         for stream, scheme in enumerate(SCHEMES):
@@ -115,7 +119,7 @@ class OnlineDiagnostics:
                 marginal=self.config.marginal,
             )
             self.ema[scheme] = result.pop("ema_state")
-            out.update({prefix + key: float(value) for key, value in result.items()})
+            out.update({prefix + key: float(value) for key, value in result.items() if math.isfinite(value)})
         return out
 
     def state_dict(self) -> dict[str, Any]:
@@ -128,6 +132,35 @@ class OnlineDiagnostics:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.ema = {scheme: EmaState(**s) if s is not None else None for scheme, s in state["ema"].items()}
         self.alarm.load_state_dict(state["alarm"])
+
+
+def summary_rows(records: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(name, text) rows on the last check of each scheme, for the end-of-run table.
+
+    `records` are the step records of metrics.jsonl (`ragen2.tracking.read_metrics`). A check is
+    a record with `collapse_<scheme>/num_pairs`; a proxy it could not support (absent or null)
+    shows as "n/a", and the pair and distinct-input counts are always given, so "n/a" reads with
+    its reason next to it.
+    """
+    rows = []
+    for scheme in SCHEMES:
+        prefix = f"collapse_{scheme}/"
+        check = next((r for r in reversed(records) if r.get(prefix + "num_pairs") is not None), None)
+        if check is None:
+            continue
+
+        def shown(key: str, spec: str) -> str:
+            value = check.get(prefix + key)
+            return format(value, spec) if value is not None and math.isfinite(value) else "n/a"
+
+        m, distinct = check[prefix + "num_pairs"], check.get(prefix + "num_distinct_inputs")
+        counts = f"{m:.0f} pair{'' if m == 1 else 's'}" + (f", {distinct:.0f} distinct inputs" if distinct else "")
+        rows.append((
+            f"MI proxies ({scheme.replace('_', ' ')})",
+            f"Retrieval-Acc {shown('retrieval_acc', '.3f')} (chance {shown('chance_level', '.3f')}), "
+            f"MI-ZScore-EMA {shown('mi_zscore_ema', '.3g')}; {counts} (step {check['step']})",
+        ))
+    return rows
 
 
 def reasoning_ids(turn: Turn) -> list[int]:

@@ -407,7 +407,8 @@ class Ragen2GRPOTrainer(GRPOTrainer):
                             input_ids=inputs, ks=RECALL_KS, ema_state=self._collapse_ema,
                             marginal=args.collapse_marginal)
         self._collapse_ema = result.pop("ema_state")
-        return out | {key: float(value) for key, value in result.items()}
+        # A proxy the batch cannot support is NaN (too few pairs or inputs): left out of the log, as in training.
+        return out | {key: float(value) for key, value in result.items() if np.isfinite(value)}
 
 
 # ----------------------------------------------------------------------------- environments as rollout_func

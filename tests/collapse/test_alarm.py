@@ -101,6 +101,32 @@ def test_watches_the_configured_scheme_and_ignores_steps_without_it():
     assert a.update(5, check(CHANCE, scheme="trajectory")) is not None
 
 
+def test_a_check_without_the_proxies_is_no_evidence():
+    """One pair, or one distinct input: the online diagnostics log no retrieval_acc / mi_zscore_ema
+    (or a caller passes NaN). Such a check neither advances the patience nor resets the streak."""
+    p = "collapse_first_turn/"
+    absent = {p + "num_pairs": 1.0, p + "chance_level": CHANCE, p + "cond_entropy": 2.0}  # what online logs
+    nan = {**check(float("nan"), z=float("nan")), p + "num_pairs": 1.0}
+    at = check(CHANCE)
+    a = alarm(alarm_patience=3)
+    assert a.update(1, absent) is None and a.update(2, nan) is None
+    assert a.state_dict() == {"reference_entropy": None, "max_zscore": None, "streak": 0, "fired": False}
+    a.update(5, at)
+    a.update(10, at)
+    before = a.state_dict()
+    assert before["streak"] == 2
+    assert a.update(15, absent) is None and a.update(20, nan) is None
+    assert a.state_dict() == before  # not reset, not advanced
+    assert a.update(25, at) is not None  # the third collapsed check fires
+    # zscore_drop reads MI-ZScore-EMA only: a check with Retrieval-Acc but no z-score is no evidence.
+    z = alarm(alarm_rule="zscore_drop", alarm_patience=1)
+    z.update(1, check(0.9, z=4.0))
+    no_z = check(CHANCE)
+    del no_z[p + "mi_zscore_ema"]
+    assert z.update(5, no_z) is None and z.state_dict()["max_zscore"] == 4.0 and z.streak == 0
+    assert z.update(10, check(0.9, z=1.0)) is not None
+
+
 def test_off_never_fires():
     assert fired_at(alarm(alarm="off", alarm_patience=1), [check(CHANCE)] * 4) == []
 

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ragen2.collapse import EmaState, mi_metrics
+from ragen2.collapse.metrics import ZERO_SPREAD, proxies_undefined
 
 MI_KEYS = ("mi_est", "mi_seq_est", "retrieval_acc", "recall@2", "recall@4", "recall@8")
 ALL_KEYS = MI_KEYS + ("mi_zscore", "mi_zscore_ema", "cond_entropy", "reasoning_entropy", "chance_level")
@@ -28,7 +29,9 @@ def test_two_by_two_per_sequence():
     assert out["cond_entropy"] == pytest.approx(-0.5 * (math.log(0.5) + math.log(0.4)))  # = log(5) / 2
     assert out["reasoning_entropy"] == pytest.approx(-math.log(0.3))
     assert out["marginal_std"] == 0.0  # both marginals are log .3
-    assert out["mi_zscore"] == pytest.approx(out["mi_est"] / 1e-3)
+    # Zero spread: mi_est / (0 + 1e-3) would be 399.25, a multiple of 1/eps, not a z-score.
+    assert math.isnan(out["mi_zscore"]) and math.isnan(out["mi_zscore_ema"])
+    assert out["ema_state"] is None and math.isnan(out["marginal_std_ema"])  # nothing to smooth yet
     assert out["retrieval_acc"] == 1.0
     assert out["recall@2"] == out["recall@4"] == out["recall@8"] == 1.0
     assert out["chance_level"] == 0.5
@@ -153,6 +156,68 @@ def test_ema_state_is_carried_across_calls():
     assert first["ema_state"].steps == 1
 
 
+def test_one_pair_reports_no_proxies_but_its_count_and_entropies():
+    # The first step: one valid first-turn pair among 2 groups.
+    out = mi_metrics(np.array([[-3.0, -4.0]]), np.array([0]))
+    assert out["num_pairs"] == 1 and out["num_inputs"] == 2 and out["num_distinct_inputs"] == 2
+    for key in ("retrieval_acc", "recall@2", "mi_est", "mi_seq_est", "mi_zscore", "mi_zscore_ema", "marginal_std"):
+        assert math.isnan(out[key]), key
+    assert out["cond_entropy"] == 3.0
+    assert out["reasoning_entropy"] == pytest.approx(-math.log((math.exp(-3) + math.exp(-4)) / 2))  # 3.37989
+    assert out["reasoning_entropy"] == pytest.approx(3.379885493, abs=1e-9)
+    assert out["chance_level"] == 0.5 and out["mi_upper_bound"] == pytest.approx(math.log(2))
+    assert out["ema_state"] is None
+    assert proxies_undefined(1, 2) is not None and "at least 2" in proxies_undefined(1, 2)
+
+
+@pytest.mark.parametrize(
+    "logp, input_ids",
+    [
+        (np.array([[-3.0], [-5.0]]), None),  # P = 1
+        (np.array([[-3.0, -3.0], [-5.0, -5.0]]), [[4, 2], [4, 2]]),  # two columns, the same input
+    ],
+)
+def test_two_pairs_from_one_distinct_input_report_no_proxies(logp, input_ids):
+    out = mi_metrics(logp, np.array([0, 0]), input_ids=input_ids)
+    assert out["num_pairs"] == 2 and out["num_distinct_inputs"] == 1 and out["chance_level"] == 1.0
+    # Retrieval would be a trivial 1.0 and MI 0 by construction: both missing.
+    for key in ("retrieval_acc", "recall@2", "recall@8", "mi_est", "mi_seq_est", "mi_zscore", "mi_zscore_ema"):
+        assert math.isnan(out[key]), key
+    assert out["marginal_std"] == 1.0  # marginals -3 and -5: a real spread, not folded into the EMA
+    assert out["cond_entropy"] == out["reasoning_entropy"] == 4.0
+    assert out["ema_state"] is None
+    assert "same input" in proxies_undefined(2, 1) and proxies_undefined(2, 2) is None
+
+
+def test_zero_spread_keeps_mi_est_and_the_ema_state():
+    # Marginals log .3 and log .3 (the 2x2 case above): sigma = 0, MI-Est = log(20/9) / 2.
+    zero = np.log([[0.5, 0.1], [0.2, 0.4]])
+    state = EmaState(sigma=0.5, steps=3)
+    out = mi_metrics(zero, np.array([0, 1]), ema_state=state)
+    assert out["mi_est"] == pytest.approx(0.399253848, abs=1e-9)
+    assert math.isnan(out["mi_zscore"])
+    assert out["ema_state"] == state  # the NaN step leaves the EMA unchanged
+    assert out["marginal_std_ema"] == 0.5
+    assert out["mi_zscore_ema"] == pytest.approx(0.399253848 / 0.501, abs=1e-9)  # the old scale still holds
+
+
+def test_a_nan_step_leaves_the_ema_unchanged():
+    # b1: sigma = log(2) / 2 (see test_ema_state_is_carried_across_calls).
+    b1 = np.log([[0.6, 0.2], [0.3, 0.1]])
+    first = mi_metrics(b1, np.array([0, 0]))
+    one_pair = mi_metrics(np.array([[-3.0, -4.0]]), np.array([0]), ema_state=first["ema_state"])
+    assert one_pair["ema_state"] == first["ema_state"] == EmaState(sigma=pytest.approx(0.5 * math.log(2)), steps=1)
+    assert math.isnan(one_pair["mi_zscore_ema"])  # mi_est is missing
+    one_input = mi_metrics(np.array([[-3.0], [-5.0]]), np.array([0, 0]), ema_state=one_pair["ema_state"])
+    assert one_input["ema_state"] == first["ema_state"]
+    # ... and the next good step continues from sigma(1) as if the NaN steps had not happened.
+    b2 = np.log([[0.6, 0.2], [0.075, 0.025]])  # sigma = 1.5 log 2
+    third = mi_metrics(b2, np.array([0, 0]), ema_state=one_input["ema_state"])
+    assert third["ema_state"].steps == 2 and third["marginal_std_ema"] == pytest.approx(0.6 * math.log(2))
+    # An EMA that never started stays unstarted through NaN steps.
+    assert mi_metrics(np.array([[-3.0, -4.0]]), np.array([0]), ema_state=None)["ema_state"] is None
+
+
 def test_recall_keys_follow_ks_and_recall_at_1_is_retrieval():
     logp = np.array([[-1.0, -2.0, -3.0], [-1.0, -2.0, -3.0]])
     out = mi_metrics(logp, np.array([0, 2]), ks=(1, 3))
@@ -215,13 +280,19 @@ def cases(draw):
 def test_bounds_hold(case):
     logp, source, lengths, marginal = case
     out = mi_metrics(logp, source, lengths, marginal=marginal)
-    p = logp.shape[1]
-    assert 0.0 <= out["retrieval_acc"] <= out["recall@2"] <= out["recall@4"] <= out["recall@8"] <= 1.0
+    m, p = logp.shape
     assert out["chance_level"] == pytest.approx(1 / p)
+    assert math.isfinite(out["cond_entropy"]) and math.isfinite(out["reasoning_entropy"])
+    if m < 2 or p < 2:  # the missing-value rule: no proxy, no EMA step
+        assert all(math.isnan(out[key]) for key in MI_KEYS + ("mi_zscore", "mi_zscore_ema"))
+        assert out["ema_state"] is None
+        return
+    assert 0.0 <= out["retrieval_acc"] <= out["recall@2"] <= out["recall@4"] <= out["recall@8"] <= 1.0
     assert out["mi_seq_est"] <= math.log(p) + 1e-9
     assert out["mi_est"] <= math.log(p) + 1e-9
     # I(X; Z) estimate = H(Z) - H(Z | X), by construction.
     assert out["reasoning_entropy"] - out["cond_entropy"] == pytest.approx(out["mi_est"], abs=1e-9)
+    assert math.isnan(out["mi_zscore"]) == (out["marginal_std"] <= ZERO_SPREAD)
 
 
 @settings(max_examples=100, deadline=None)
@@ -236,7 +307,7 @@ def test_permuting_inputs_and_pairs_changes_nothing(case, rnd):
     new_index = np.argsort(cols)  # old column c is now column new_index[c]
     out = mi_metrics(logp[rows][:, cols], new_index[source[rows]], lengths[rows], marginal=marginal)
     for key in ALL_KEYS:
-        assert out[key] == pytest.approx(base[key], rel=1e-9, abs=1e-9), key
+        assert out[key] == pytest.approx(base[key], rel=1e-9, abs=1e-9, nan_ok=True), key
 
 
 @settings(max_examples=100, deadline=None)
@@ -249,12 +320,12 @@ def test_row_constant_invariance(case, c, data):
     shifted[row] += c
     out = mi_metrics(shifted, source, lengths, marginal=marginal)
     for key in ("mi_est", "mi_seq_est"):
-        assert out[key] == pytest.approx(base[key], abs=1e-9), key
+        assert out[key] == pytest.approx(base[key], abs=1e-9, nan_ok=True), key
     # Rounding can make or break a tie when floats are shifted, so compare rankings only where
     # the shift is exact (integer scores and shift); test_row_constant_... covers general floats.
     if np.all(logp == np.round(logp)) and c == round(c):
         for key in ("retrieval_acc", "recall@2", "recall@4", "recall@8"):
-            assert out[key] == base[key], key
+            assert out[key] == base[key] or math.isnan(out[key]) and math.isnan(base[key]), key
 
 
 # ---------------------------------------------------------------- errors

@@ -14,7 +14,9 @@ from ragen2.collapse.heatmap import column_zscores, draw_heatmap
 from ragen2.collapse.offline import (
     Record,
     diagnose,
+    pairs_to_tell_from_chance,
     read_rollouts,
+    reading,
     render_prompt,
     select_pairs,
     split_completion,
@@ -272,3 +274,19 @@ def test_heatmap_png(tmp_path):
     logp[np.arange(12), source] += 5
     path = draw_heatmap(logp, source, np.full(12, 10), tmp_path / "h.png", input_labels=list("abcd"), title="t")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_reading_never_calls_missing_or_too_few_pairs_chance():
+    nan = float("nan")
+    base = {"chance_level": 0.5, "num_inputs": 2.0, "num_distinct_inputs": 2.0}
+    one = reading({**base, "retrieval_acc": nan, "num_pairs": 1.0})
+    assert one.startswith("the proxies cannot be computed from 1 pair:") and "at least 2" in one
+    single = reading({**base, "retrieval_acc": nan, "chance_level": 1.0, "num_pairs": 2.0, "num_distinct_inputs": 1.0})
+    assert single.startswith("the proxies cannot be computed from 2 pairs:") and "distinct inputs" in single
+    # 2 of 2 hits at chance 1/2: 2 s.e. = 2 sqrt(.25 / 2) = 0.71, so even 1.0 is within the noise.
+    few = reading({**base, "retrieval_acc": 1.0, "num_pairs": 2.0})
+    assert "too few to tell Retrieval-Acc 1.000 from chance 0.500" in few and "at least 5 pairs" in few
+    assert "within sampling noise of chance" not in one + single + few
+    assert reading({**base, "retrieval_acc": 0.5, "num_pairs": 64.0}).startswith("Retrieval-Acc is within sampling")
+    # Smallest M with 1 > c + 2 sqrt(c (1 - c) / M): M > 4c / (1 - c).
+    assert [pairs_to_tell_from_chance(c) for c in (1 / 2, 1 / 3, 1 / 8)] == [5, 3, 2]

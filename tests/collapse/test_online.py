@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from ragen2.collapse import OnlineDiagnostics, mi_metrics, score_matrix_naive
-from ragen2.collapse.online import first_turn_pairs, reasoning_ids, trajectory_pairs
+from ragen2.collapse.online import first_turn_pairs, reasoning_ids, summary_rows, trajectory_pairs
 from ragen2.config import CollapseConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -158,6 +158,51 @@ def test_no_reasoning_reports_the_rate_and_keeps_the_ema(tiny_tokenizer, tiny_mo
         "collapse_trajectory/num_pairs": 0.0,
     }
     assert diag.state_dict() == before
+
+
+def test_one_pair_batch_logs_no_mi_zscore(tiny_tokenizer, tiny_model, batch):
+    """Issue 15: a first step with one valid pair logged MI-ZScore 89.3 (sigma 0). Now the proxies
+    that one pair cannot support are absent; the count and the entropies are logged."""
+    diag = OnlineDiagnostics(config(num_samples=1, alarm_patience=1, alarm_margin=0.9), 0)
+    result = diag.step(tiny_model, tiny_tokenizer, batch(), 1)
+    out = result.metrics
+    for prefix in ("collapse_first_turn/", "collapse_trajectory/"):
+        assert out[prefix + "num_pairs"] == 1.0
+        for key in ("mi_zscore", "mi_zscore_ema", "retrieval_acc", "recall@2", "mi_est", "mi_seq_est",
+                    "marginal_std", "marginal_std_ema"):
+            assert prefix + key not in out, key
+        assert np.isfinite(out[prefix + "cond_entropy"]) and np.isfinite(out[prefix + "reasoning_entropy"])
+    assert out["collapse_first_turn/num_inputs"] == 3 and out["collapse_trajectory/num_distinct_inputs"] == 1
+    assert all(np.isfinite(v) for v in out.values())
+    documented = set(re.findall(r"^\| `([^`]+)` \|", METRICS_DOC.read_text(), flags=re.MULTILINE))
+    assert set(out) - documented == set()
+    # No EMA step and no alarm evidence: a margin of 0.9 would call any real check "at chance".
+    assert diag.ema == {"first_turn": None, "trajectory": None}
+    assert result.alarm is None and diag.alarm.state_dict()["streak"] == 0
+    # The next usable check starts the EMA at its own sigma.
+    good = OnlineDiagnostics(config(), 0)
+    good.load_state_dict(diag.state_dict())
+    full = good.run(tiny_model, tiny_tokenizer, batch(), 5)
+    assert full["collapse_first_turn/marginal_std_ema"] == full["collapse_first_turn/marginal_std"]
+    assert good.ema["first_turn"].steps == 1
+
+
+def test_summary_rows_show_the_last_check_with_its_pair_count():
+    p = "collapse_first_turn/"
+    records = [
+        {"step": 1, p + "num_pairs": 1.0, p + "num_distinct_inputs": 3.0, p + "chance_level": 1 / 3,
+         p + "cond_entropy": 2.0, p + "retrieval_acc": None},
+        {"step": 2, "rollout/return_mean": 0.5},
+    ]
+    assert summary_rows(records) == [
+        ("MI proxies (first turn)", "Retrieval-Acc n/a (chance 0.333), MI-ZScore-EMA n/a; 1 pair, 3 distinct inputs "
+         "(step 1)"),
+    ]
+    records.append({"step": 5, p + "num_pairs": 8.0, p + "num_distinct_inputs": 3.0, p + "chance_level": 1 / 3,
+                    p + "retrieval_acc": 0.625, p + "mi_zscore_ema": 0.4127})
+    assert summary_rows(records)[0][1] == ("Retrieval-Acc 0.625 (chance 0.333), MI-ZScore-EMA 0.413; 8 pairs, "
+                                           "3 distinct inputs (step 5)")
+    assert summary_rows([{"step": 1, "rollout/return_mean": 0.5}]) == []
 
 
 def test_step_is_the_one_call_per_step(tiny_tokenizer, tiny_model, batch):
