@@ -1,19 +1,26 @@
 """Regenerate docs/results.md and its figures from the experiment sweeps, with nothing typed by hand.
 
 Each experiment is a sweep spec under experiments/ whose runs live in sweeps/<name>/ (the
-default of `ragen2 sweep`). This script reads those directories, computes every number of
-docs/results.md (mean +- standard error over seeds, Spearman correlations with bootstrap
-confidence intervals), decides each claim's verdict by the criteria written next to it, and
-draws the figures into docs/figures/. An experiment that has not been run yet is reported as
-such, with the command that runs it.
+default of `ragen2 sweep`). `--collect` copies what the page needs of each sweep into the
+committed data folder results/runs/<name>/ (sweep.json; per run sweep_run.json, config.yaml,
+metrics.jsonl; no checkpoints), with the few arrays the model figures draw computed from
+the checkpoints (results/runs/collapse/model_figures.json). The page is made from that folder:
+this script computes every number of docs/results.md (mean +- standard error over seeds,
+Spearman correlations with bootstrap confidence intervals), decides each claim's verdict by
+the criteria written next to it, and draws the figures into docs/figures/. An experiment
+that has not been run yet is reported as such, with the command that runs it.
 
-    python scripts/make_results.py                          # sweeps/ -> docs/results.md, docs/figures/
+    python scripts/make_results.py                          # results/runs/ -> docs/results.md, docs/figures/
+    python scripts/make_results.py --collect                # sweeps/ -> results/runs/ first
+    python scripts/make_results.py --collect DIR            # the sweeps in DIR (e.g. a GPU machine's) instead
+    python scripts/make_results.py --sweeps sweeps          # straight from run directories, collecting nothing
     python scripts/make_results.py --sweeps S --out R.md    # other places (figures/ next to R.md)
-    python scripts/make_results.py --no-model-figures       # skip the heatmaps and RV histograms,
-                                                            # which load checkpoints and roll out
+    python scripts/make_results.py --no-model-figures       # skip the heatmaps and RV histograms
 
-Figures that need a model (scoring-matrix heatmaps, RV histograms) load the run's initial
-policy and final checkpoint on the CPU: a minute or two with the tiny policy.
+From run directories (with --collect or --sweeps sweeps), the figures that need a model
+(scoring-matrix heatmaps, RV histograms) load the run's initial policy and final checkpoint on
+the CPU: a minute or two with the tiny policy. From the committed data they need none, and the
+page comes out byte for byte the same on every machine (tests/test_results_script.py checks it).
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +54,33 @@ DROP = 0.10  # a series "falls" at the first step its 3-point moving average is 
 BOOTSTRAP = 2000
 MI_KEY = "collapse_trajectory/mi_zscore_ema"  # the paper's headline proxy (trajectory MI-ZScore-EMA)
 RETRIEVAL_KEY = "collapse_first_turn/retrieval_acc"
+DATA_DIR = "results/runs"  # the committed data of every sweep, which the page is made from by default
+RUN_FILES = (STATUS_FILE, "config.yaml", "metrics.jsonl")  # what the page reads of a run, and the data keeps
+MODEL_FIGURES_FILE = "model_figures.json"  # in the committed collapse sweep: what its model figures draw
+# The page as it was before the filter was made to select what the RAGEN reference code selects; the
+# "What changed" section compares each claim with it. Its run directories were not kept.
+PREVIOUS_PAGE = Path(__file__).resolve().parent.parent / "results" / "previous_results.md"
+PREVIOUS_COMMIT = "ea0b81f"
+WHAT_CHANGED = [
+    "The runs above were made after four changes to training, each to match the RAGEN reference code "
+    "(docs/filtering.md, \"The reference code and ragen2\"; docs/algorithms.md):",
+    "",
+    "- **The zero-variance test** of `include_zero: false` drops only groups whose returns are all equal "
+    "(reward std ≤ 1e-10, the reference's test), where it dropped every group with RV ≤ 0.01. On Sokoban, whose "
+    "returns differ by −0.1 per step, groups that differ by a step or two are now trained on, as in the reference.",
+    "- **top_p's threshold** has the reference's slack (`filter.selection_eps` = 0.01), ρ ≥ 1 keeps every "
+    "candidate, top_k counts a fraction of all groups, and scores no longer depend on the order of a group's "
+    "episodes; exact boundaries select what exact arithmetic selects.",
+    "- **Dual clip** (`algo.clip_ratio_c` = 3, as RAGEN and verl) caps the loss of negative-advantage tokens.",
+    "- **The KL estimator default** is k1, RAGEN's base config (the experiments here train without a KL term, "
+    "except `mechanism`, which sets its estimator explicitly).",
+    "",
+    "The paper's filter therefore selects differently in the filter and collapse sweeps (shaped Sokoban "
+    "returns); the dual clip can change any run with more than one optimizer step per batch. Each claim, "
+    f"before (the page at commit {PREVIOUS_COMMIT}, whose run directories were not kept) and now; a sweep "
+    "that has not been re-run since says so:",
+    "",
+]
 
 
 # ----------------------------------------------------------------------------- loading
@@ -75,6 +110,7 @@ class Sweep:
     planned: int  # runs in the grid, finished or not
     seconds: float  # summed wall time of the training processes
     unfinished: list[Run] = field(default_factory=list)  # stopped part-way: reported as such, never in a verdict
+    model_figures: dict[str, Any] | None = None  # the committed MODEL_FIGURES_FILE, where `collect` saved one
 
     def groups(self, axis: str) -> dict[str, list[Run]]:
         """Runs by their label on `axis`, in the spec's order."""
@@ -85,7 +121,8 @@ class Sweep:
 
 
 def load_sweeps(root: Path) -> dict[str, Sweep]:
-    """Every sweep directory under `root` (one with sweep.json) with its finished runs.
+    """Every sweep directory under `root` (one with sweep.json) with its finished runs; `root` holds
+    either the run directories of `ragen2 sweep` or the committed data `collect` made of them.
 
     A run that has not finished (interrupted, failed, not started) is left out of `runs`: its
     last values would be from an earlier step than the others'. Runs stopped part-way are kept
@@ -108,9 +145,43 @@ def load_sweeps(root: Path) -> dict[str, Sweep]:
             config = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").is_file() else {}
             run = Run(row["run"], labels, row["seed"], row, records, run_dir, config)
             (runs if row["status"] == "done" else unfinished).append(run)
+        figure_data = path / MODEL_FIGURES_FILE
         sweeps[grid["spec"]] = Sweep(grid["spec"], path, grid["description"], grid["axes"], runs, len(rows), seconds,
-                                     unfinished)
+                                     unfinished, json.loads(figure_data.read_text()) if figure_data.is_file() else None)
     return sweeps
+
+
+# ----------------------------------------------------------------------------- committed data
+
+
+def collect(sweeps_dir: Path, data_dir: Path, model_figures: bool = True, rv_groups: int = 32) -> list[Path]:
+    """Copy what `write_results` reads of every sweep directory in `sweeps_dir` into `data_dir`/<sweep>,
+    replacing what was there: sweep.json and per run its RUN_FILES (exit status, config.yaml, metrics.jsonl),
+    no checkpoints, rollouts or logs; and, unless `model_figures` is off, the data the model
+    figures draw (MODEL_FIGURES_FILE), computed from the checkpoints. Returns the sweeps written."""
+    data_dir = Path(data_dir)
+    if data_dir.resolve() == Path(sweeps_dir).resolve():
+        raise ValueError(f"collecting {sweeps_dir} into itself would replace its runs by their copies")
+    written = []
+    for grid_file in sorted(Path(sweeps_dir).glob(f"*/{GRID_FILE}")):
+        source, target = grid_file.parent, data_dir / grid_file.parent.name
+        shutil.rmtree(target, ignore_errors=True)
+        target.mkdir(parents=True)
+        shutil.copyfile(grid_file, target / GRID_FILE)
+        for run in read_grid(source)["runs"]:
+            run_dir, copy = source / run["name"], target / run["name"]
+            if not run_dir.is_dir():  # never started
+                continue
+            copy.mkdir()
+            for name in RUN_FILES:
+                if (run_dir / name).is_file():
+                    shutil.copyfile(run_dir / name, copy / name)
+        written.append(target)
+    collapse = load_sweeps(sweeps_dir).get("collapse")
+    if model_figures and collapse is not None and collapse.runs:
+        data = model_figure_data(collapse, rv_groups)
+        (data_dir / collapse.path.name / MODEL_FIGURES_FILE).write_text(json.dumps(data) + "\n")
+    return written
 
 
 # ----------------------------------------------------------------------------- statistics
@@ -284,10 +355,14 @@ def grad_snr_bars(path: Path, runs: list[Run]) -> Path | None:
     return path
 
 
-def heatmaps(figures: Path, run: Run, prefix: str) -> tuple[list[Path], str]:
-    """Scoring-matrix heatmaps of the first and last evaluation's sampled episodes, each scored
-    by the policy that played them (the initial policy, the final checkpoint); or why there are none."""
-    from ragen2.collapse.heatmap import draw_heatmap
+# Figures that need a model are drawn from small JSON-ready data (MODEL_FIGURES_FILE), computed from the
+# checkpoints of a sweep directory by `model_figure_data`, or read from the committed data where
+# `collect` saved it: the page then needs no checkpoint.
+
+
+def heatmap_data(run: Run) -> dict[str, Any]:
+    """The scoring matrices of the first and last evaluation's sampled episodes, each scored by the policy
+    that played them (the initial policy, the final checkpoint): {"maps": [...], "why_not": reason if none}."""
     from ragen2.collapse.offline import diagnose, load_scoring_model, read_rollouts
     from ragen2.config import config_from_file
     from ragen2.errors import RolloutFormatError
@@ -296,9 +371,9 @@ def heatmaps(figures: Path, run: Run, prefix: str) -> tuple[list[Path], str]:
     rollout_files = sorted((run.path / "rollouts").glob("step_*.jsonl"), key=lambda p: int(p.stem.split("_")[1]))
     final = latest_step(run.path)
     if len(rollout_files) < 2 or final is None:
-        return [], f"{run.name} has fewer than two evaluations' sampled episodes or no checkpoint"
+        return {"maps": [], "why_not": f"{run.name} has fewer than two evaluations' sampled episodes or no checkpoint"}
     config = config_from_file(run.path / "config.yaml")
-    out = []
+    maps = []
     for when, file, model_path in (
         ("early", rollout_files[0], config.model.path or "tiny"),
         ("late", rollout_files[-1], str(run.path / "checkpoints" / f"step_{final}")),
@@ -306,17 +381,29 @@ def heatmaps(figures: Path, run: Run, prefix: str) -> tuple[list[Path], str]:
         model, tokenizer = load_scoring_model(model_path, device="cpu")
         try:
             result = diagnose(read_rollouts(file), model, tokenizer, scheme="first_turn", num_samples=64)
-        except RolloutFormatError as e:  # e.g. no episode wrote any reasoning
-            return [], str(e)
-        title = (f"{run.name}, {file.stem} ({when}): Retrieval-Acc {result.metrics['retrieval_acc']:.2f}, "
-                 f"MI-Est {result.metrics['mi_est']:.3f}")
-        out.append(draw_heatmap(result.logp, result.source, result.lengths, figures / f"{prefix}_heatmap_{when}.png",
-                                result.column_labels, title))
-    return out, ""
+        except RolloutFormatError as e:  # e.g. no episode wrote any reasoning; the path named from the run on
+            return {"maps": [], "why_not": str(e).replace(str(run.path), run.name)}
+        maps.append({
+            "when": when, "logp": result.logp.tolist(), "source": result.source.tolist(),
+            "lengths": result.lengths.tolist(), "labels": list(result.column_labels),
+            "title": f"{run.name}, {file.stem} ({when}): Retrieval-Acc {result.metrics['retrieval_acc']:.2f}, "
+                     f"MI-Est {result.metrics['mi_est']:.3f}",
+        })
+    return {"maps": maps, "why_not": ""}
 
 
-def rv_histogram(path: Path, runs: dict[str, Run], num_groups: int = 32) -> Path | None:
-    """Reward variance of `num_groups` fresh groups under the initial policy and each run's final checkpoint."""
+def heatmaps(figures: Path, data: dict[str, Any], prefix: str) -> tuple[list[Path], str]:
+    """The heatmaps of `heatmap_data`, as figures/<prefix>_heatmap_<when>.png; or why there are none."""
+    from ragen2.collapse.heatmap import draw_heatmap
+
+    return [draw_heatmap(np.array(m["logp"]), np.array(m["source"]), np.array(m["lengths"]),
+                         figures / f"{prefix}_heatmap_{m['when']}.png", m["labels"], m["title"])
+            for m in data["maps"]], data["why_not"]
+
+
+def rv_data(runs: dict[str, Run], num_groups: int = 32) -> dict[str, Any] | None:
+    """Reward variance of `num_groups` fresh groups under the initial policy and each run's final checkpoint
+    (None without a checkpoint): {"env", "group_size", "rv": {policy: [RV of each group]}}."""
     import torch
 
     from ragen2.agent import HFBackend, group_seeds, rollout
@@ -336,23 +423,42 @@ def rv_histogram(path: Path, runs: dict[str, Run], num_groups: int = 32) -> Path
         return None
     G = config.rollout.group_size
     seeds, group_ids = group_seeds(500_000, num_groups, G)  # training-range seeds no run trained on
-    fig = Figure(figsize=(6, 3.5), dpi=110, layout="constrained")
-    ax = fig.subplots()
-    bins = None
+    rv = {}
     for label, model_path in models.items():
         policy, tokenizer = load_policy(model_path, "cpu")
         torch.manual_seed(0)
         trajectories = rollout(HFBackend(policy.eval(), tokenizer), tokenizer, config.env.name, config.env.kwargs,
                                seeds, group_ids, cfg=config.rollout)
-        rv = group_scores(np.array([t.episode_return for t in trajectories]).reshape(num_groups, G))
+        rv[label] = group_scores(np.array([t.episode_return for t in trajectories]).reshape(num_groups, G)).tolist()
+    return {"env": config.env.name, "group_size": G, "rv": rv}
+
+
+def rv_histogram(path: Path, data: dict[str, Any] | None) -> Path | None:
+    """The histogram of `rv_data` (None when there is none)."""
+    if data is None:
+        return None
+    fig = Figure(figsize=(6, 3.5), dpi=110, layout="constrained")
+    ax = fig.subplots()
+    bins = None
+    for label, values in data["rv"].items():
+        rv = np.array(values)
         bins = bins if bins is not None else np.histogram_bin_edges(np.log10(rv + 1e-4), bins=12)
         ax.hist(np.log10(rv + 1e-4), bins=bins, alpha=0.5, label=f"{label} (zero-RV groups: {np.mean(rv <= 0.01):.0%})")
     ax.set_xlabel("log10(reward variance of a group + 1e-4)")
     ax.set_ylabel("groups")
-    ax.set_title(f"{config.env.name}: RV of {num_groups} groups x {G}", fontsize=9)
+    num_groups = len(next(iter(data["rv"].values())))
+    ax.set_title(f"{data['env']}: RV of {num_groups} groups x {data['group_size']}", fontsize=9)
     ax.legend(fontsize=7)
     fig.savefig(path)
     return path
+
+
+def model_figure_data(sweep: Sweep, rv_groups: int = 32) -> dict[str, Any]:
+    """What the collapse section's model figures draw, from the sweep's checkpoints: the heatmaps of the first
+    run without filter, the RV histogram of each condition's first run."""
+    seed_runs = {name: runs[0] for name, runs in sweep.groups("filter").items()}
+    return {"heatmaps": heatmap_data(seed_runs.get("none", sweep.runs[0])),
+            "rv_histogram": rv_data(seed_runs, rv_groups)}
 
 
 # ----------------------------------------------------------------------------- claims
@@ -370,7 +476,8 @@ class Claim:
 def not_run(title: str, paper: str, *names: str) -> Claim:
     commands = "; ".join(f"`{GPU_EXPERIMENTS[n]}` (on a machine with a GPU)" if n in GPU_EXPERIMENTS
                          else f"`ragen2 sweep experiments/{n}.yaml --jobs 2`" for n in names)
-    return Claim(title, paper, "–", "not run", [f"Not run yet: {commands}, then `python scripts/make_results.py`."])
+    return Claim(title, paper, "–", "not run",
+                 [f"Not run yet: {commands}, then `python scripts/make_results.py --collect`."])
 
 
 COLLAPSE_HEADER = [
@@ -468,12 +575,12 @@ def collapse_claim(sweeps: dict[str, Sweep], figures: Path, model_figures: bool,
         body += ["", "Gradient norms per reward-variance bucket (filter = none, last probe of each run):", "",
                  f"![gradient SNR](figures/{bars.name})"]
     if model_figures:
-        seed_runs = {name: runs[0] for name, runs in groups.items()}
-        maps, why_not = heatmaps(figures, seed_runs.get("none", verdict_runs[0]), "collapse")
+        data = sweep.model_figures or model_figure_data(sweep, rv_groups)  # committed, else from the checkpoints
+        maps, why_not = heatmaps(figures, data["heatmaps"], "collapse")
         body += ["", "Scoring matrices of the first and the last evaluation's sampled episodes (filter = none, first "
                  "seed), each scored by the policy that played them; a bright diagonal is input-dependent reasoning:",
                  "", *(f"![{p.stem}](figures/{p.name})" for p in maps)] if maps else ["", f"No heatmaps: {why_not}."]
-        hist = rv_histogram(figures / "collapse_rv_histogram.png", seed_runs, rv_groups)
+        hist = rv_histogram(figures / "collapse_rv_histogram.png", data["rv_histogram"])
         if hist:
             body += ["", "Reward variance of fresh groups, initial policy vs each condition's final checkpoint "
                      "(first seed):", "", f"![RV histogram](figures/{hist.name})"]
@@ -765,10 +872,30 @@ def _env_of(run: Run) -> str:
 # ----------------------------------------------------------------------------- the page
 
 
-def write_results(sweeps_dir: Path, out: Path, figures: Path, model_figures: bool = True, rv_groups: int = 32) -> Path:
-    """Compute every claim from the sweeps in `sweeps_dir`; write `out` and the figures.
+def previous_summary(page: Path) -> dict[str, tuple[str, str]]:
+    """{claim title: (ours, verdict)} from the Summary table of an earlier results page."""
+    text = page.read_text()
+    table = text.split("## Summary", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| ") and not line.startswith("| claim")]
+    return {row[0][2:]: (row[2], row[3].rstrip(" |").strip("*")) for row in rows if len(row) == 4}
 
-    `rv_groups`: fresh groups rolled out per policy for the RV histograms."""
+
+def changes(claims: Sequence[Claim], before: dict[str, tuple[str, str]]) -> list[str]:
+    """One line per claim: its numbers and verdict before and now."""
+    lines = []
+    for c in claims:
+        old = before.get(c.title)
+        was = f"{old[0]} (**{old[1]}**)" if old else "not on the earlier page"
+        now = "not re-run since" if c.verdict == "not run" else f"{c.ours} (**{c.verdict}**)"
+        lines.append(f"- {c.title}. Before: {was}. Now: {now}.")
+    return lines
+
+
+def write_results(sweeps_dir: Path, out: Path, figures: Path, model_figures: bool = True, rv_groups: int = 32) -> Path:
+    """Compute every claim from the sweeps in `sweeps_dir` (run directories or committed data); write `out` and
+    the figures.
+
+    `rv_groups`: fresh groups rolled out per policy for the RV histograms, where they are computed from checkpoints."""
     figures.mkdir(parents=True, exist_ok=True)
     sweeps = load_sweeps(sweeps_dir)
     started = {name: s for name, s in sweeps.items() if s.runs}  # a sweep with no finished run counts as not run
@@ -783,8 +910,10 @@ def write_results(sweeps_dir: Path, out: Path, figures: Path, model_figures: boo
     lines = [
         "# Results: the paper's claims at laptop scale",
         "",
-        "Generated by `python scripts/make_results.py` from the run directories under `sweeps/`; every number below "
-        "is computed from the runs' `metrics.jsonl` and nothing is typed by hand. The runs use the built-in tiny "
+        f"Generated by `python scripts/make_results.py` from the runs' metrics and resolved configs committed under "
+        f"`{DATA_DIR}/` (collected from the run directories that `ragen2 sweep` left in `sweeps/`, checkpoints left "
+        "behind); every number below is computed from the runs' `metrics.jsonl` and nothing is typed by hand, and a "
+        "test checks that the committed data gives this page. The runs use the built-in tiny "
         "policies on a CPU (0.5M parameters, tens of steps), and one filter-vs-none experiment a 25M-parameter policy "
         "on a GPU, not the paper's 3B models and hundreds of steps: a claim that does not show here is reported as "
         "such, with what was run.",
@@ -795,7 +924,8 @@ def write_results(sweeps_dir: Path, out: Path, figures: Path, model_figures: boo
         "ragen2 warmstart --envs countdown   # the Countdown policy, once",
         *(f"ragen2 sweep experiments/{name}.yaml --jobs 2" for name in EXPERIMENTS),
         *(f"{command}   # on a machine with a GPU: {name}" for name, command in GPU_EXPERIMENTS.items()),
-        "python scripts/make_results.py",
+        f"python scripts/make_results.py --collect   # sweeps/ -> {DATA_DIR}/, then this page",
+        "python scripts/make_results.py             # this page from the committed data alone, in a fresh clone",
         "```",
         "",
         "| experiment | runs | finished (the only ones verdicts use) | training time (sum over finished runs) |",
@@ -806,6 +936,8 @@ def write_results(sweeps_dir: Path, out: Path, figures: Path, model_figures: boo
         lines.append(f"| {name} | {s.planned} | {len(s.runs)} | {s.seconds / 60:.0f} min |" if s else f"| {name} | – | – | not run |")
     lines += ["", "## Summary", "", "| claim | paper | ours | verdict |", "|---|---|---|---|"]
     lines += [f"| {c.title} | {c.paper} | {c.ours} | **{c.verdict}** |" for c in claims]
+    if PREVIOUS_PAGE.is_file():
+        lines += ["", "## What changed", "", *WHAT_CHANGED, *changes(claims, previous_summary(PREVIOUS_PAGE))]
     for c in claims:
         lines += ["", f"## {c.title}", "", f"Paper: {c.paper}.", "", f"Verdict: **{c.verdict}**.", "", *c.body]
     out.write_text("\n".join(lines) + "\n")
@@ -814,11 +946,19 @@ def write_results(sweeps_dir: Path, out: Path, figures: Path, model_figures: boo
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sweeps", default="sweeps", help="Directory holding one directory per experiment sweep.")
+    parser.add_argument("--sweeps", default=DATA_DIR,
+                        help="Directory holding one directory per experiment sweep, run directories or committed data "
+                             "(which --collect writes).")
+    parser.add_argument("--collect", nargs="?", const="sweeps", metavar="FROM",
+                        help="First copy what the page needs of every sweep in FROM (default sweeps/) into --sweeps.")
     parser.add_argument("--out", default="docs/results.md", help="The page to write.")
     parser.add_argument("--no-model-figures", action="store_true",
-                        help="Skip the heatmaps and RV histograms (they load checkpoints and roll out).")
+                        help="Skip the heatmaps and RV histograms (from run directories they load checkpoints and "
+                             "roll out; with --collect, their data is not saved).")
     args = parser.parse_args(argv)
+    if args.collect is not None:
+        for path in collect(Path(args.collect), Path(args.sweeps), not args.no_model_figures):
+            print(f"collected {path}")
     out = Path(args.out)
     figures = out.parent / "figures"  # the page links its figures as figures/NAME.png
     print(f"wrote {write_results(Path(args.sweeps), out, figures, not args.no_model_figures)}")

@@ -1,10 +1,14 @@
-"""scripts/make_results.py: numbers computed by hand from sweep directories, verdicts, figures, and a real run."""
+"""scripts/make_results.py: numbers computed by hand from sweep directories, verdicts, figures, a real run, the
+committed data collected from sweeps, and docs/results.md against what the committed data gives."""
 
 from __future__ import annotations
 
+import difflib
+import filecmp
 import importlib.util
 import json
 import math
+import shutil
 import sys
 from pathlib import Path
 
@@ -198,7 +202,8 @@ def test_spearman_ci_and_drop_step():
 
 
 def test_model_figures_on_a_real_run(tmp_path, save_random_policy):
-    """A real 1-step Bandit run through `ragen2 sweep`, then the RV histogram from its checkpoint."""
+    """A real 1-step Bandit run through `ragen2 sweep`, then the RV histogram from its checkpoint, and the same
+    page and histogram from the data collected of it, without the checkpoint."""
     save_random_policy(tmp_path / "policy")
     spec_path = tmp_path / "collapse.yaml"
     spec_path.write_text(yaml.safe_dump({
@@ -216,4 +221,69 @@ def test_model_figures_on_a_real_run(tmp_path, save_random_policy):
     text = out.read_text()
     assert "![RV histogram](figures/collapse_rv_histogram.png)" in text
     assert "No heatmaps:" in text and "empty reasoning" in text  # the random policy writes no reasoning
-    assert (out.parent / "figures" / "collapse_rv_histogram.png").stat().st_size > 1000
+    assert str(tmp_path) not in text  # the reason names the rollout file from the run directory on
+    histogram = out.parent / "figures" / "collapse_rv_histogram.png"
+    assert histogram.stat().st_size > 1000
+    # Collected, the RV values come along and the same page and histogram come back without a checkpoint.
+    make_results.collect(tmp_path / "sweeps", tmp_path / "data", rv_groups=4)
+    assert (tmp_path / "data" / "collapse" / make_results.MODEL_FIGURES_FILE).is_file()
+    shutil.rmtree(tmp_path / "sweeps")
+    again = tmp_path / "again" / "results.md"
+    make_results.write_results(tmp_path / "data", again, again.parent / "figures")
+    assert again.read_text() == text
+    assert filecmp.cmp(again.parent / "figures" / histogram.name, histogram, shallow=False)
+
+
+def test_collect_keeps_what_the_page_needs_and_gives_the_same_page(results, tmp_path):
+    """sweeps/ -> committed data (no checkpoints, rollouts or logs) -> the same page and figures, byte for byte."""
+    _, _, original = results
+    sweeps = shutil.copytree(original, tmp_path / "sweeps")
+    run = sweeps / "levels" / "level=prompt__seed=0"
+    for left_behind in ("checkpoints/step_8/model.safetensors", "rollouts/step_0.jsonl", "train.log", "events.jsonl"):
+        (run / left_behind).parent.mkdir(parents=True, exist_ok=True)
+        (run / left_behind).write_text("x")
+    data = tmp_path / "results" / "runs"
+    (data / "stale").mkdir(parents=True)  # a sweep collected before and not in sweeps/ now stays
+    (data / "stale" / "old.txt").write_text("kept")
+    (data / "levels" / "gone__seed=9").mkdir(parents=True)  # a sweep collected again is replaced whole
+    assert make_results.collect(sweeps, data) == [data / name for name in sorted(p.name for p in original.iterdir())]
+    assert (data / "stale" / "old.txt").is_file() and not (data / "levels" / "gone__seed=9").exists()
+    assert sorted(p.name for p in (data / "levels" / run.name).iterdir()) == sorted(make_results.RUN_FILES)
+    assert filecmp.cmp(data / "levels" / run.name / "metrics.jsonl", run / "metrics.jsonl", shallow=False)
+    assert not (data / "levels" / "level=prompt__seed=3" / sweep.STATUS_FILE).exists()  # cut off: stays unfinished
+    # The collapse runs have no checkpoint: their figure data says so, and the page draws none.
+    figure_data = json.loads((data / "collapse" / make_results.MODEL_FIGURES_FILE).read_text())
+    assert figure_data["rv_histogram"] is None and "no checkpoint" in figure_data["heatmaps"]["why_not"]
+    # The command line collects again, then writes the page from the committed data; the page and figures
+    # from the run directories are the same, byte for byte.
+    from_data = tmp_path / "from_data" / "results.md"
+    make_results.main(["--collect", str(sweeps), "--sweeps", str(data), "--out", str(from_data)])
+    from_sweeps = tmp_path / "from_sweeps" / "results.md"
+    make_results.write_results(sweeps, from_sweeps, from_sweeps.parent / "figures")
+    text = from_data.read_text()
+    assert text == from_sweeps.read_text() and str(tmp_path) not in text
+    assert "No heatmaps: filter=none__seed=0 has fewer than two evaluations' sampled episodes" in text
+    figures = [p.name for p in (from_sweeps.parent / "figures").iterdir()]
+    match, mismatch, errors = filecmp.cmpfiles(from_sweeps.parent / "figures", from_data.parent / "figures", figures,
+                                               shallow=False)
+    assert (mismatch, errors) == ([], []) and len(match) >= 5
+    with pytest.raises(ValueError, match="into itself"):
+        make_results.collect(data, data)
+
+
+def test_committed_data_gives_docs_results_md(tmp_path):
+    """docs/results.md is exactly what the committed data gives, on any machine and without a checkpoint.
+
+    After new sweeps: `python scripts/make_results.py --collect`, and commit results/runs/ and docs/."""
+    data = REPO / make_results.DATA_DIR
+    if not any(data.glob(f"*/{sweep.GRID_FILE}")):
+        pytest.skip(f"no committed run data in {data}: run the sweeps, then python scripts/make_results.py --collect")
+    out = tmp_path / "results.md"
+    make_results.write_results(data, out, tmp_path / "figures")
+    made, committed = out.read_bytes(), (REPO / "docs" / "results.md").read_bytes()
+    diff = difflib.unified_diff(committed.decode().splitlines(True), made.decode().splitlines(True),
+                                "docs/results.md", "from the committed data")
+    assert made == committed, (f"docs/results.md is not what {make_results.DATA_DIR}/ gives; "
+                               f"python scripts/make_results.py rewrites it:\n{''.join(list(diff)[:80])}")
+    links = [line.split("(")[1].rstrip(")") for line in made.decode().splitlines() if line.startswith("![")]
+    assert all((tmp_path / link).is_file() for link in links)
