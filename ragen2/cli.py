@@ -8,9 +8,10 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import traceback
 from pathlib import Path
 
-from ragen2.errors import Ragen2Error
+from ragen2.errors import Ragen2Error, did_you_mean
 
 TRAIN_EPILOG = """\
 examples:
@@ -61,10 +62,25 @@ def cmd_warmstart(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    if args.model is None or "=" in args.model:  # nothing, or `ragen2 eval a.b=c`
+        got = f" (got the override {args.model!r} there)" if args.model else ""
+        raise Ragen2Error(
+            f"ragen2 eval needs the model to evaluate first{got}: a model directory (e.g. "
+            "runs/RUN/checkpoints/step_30), a run directory (its latest checkpoint), a hub name, or tiny; "
+            "e.g. `ragen2 eval tiny --env sokoban`"
+        )
+    if args.episodes < 1:
+        raise Ragen2Error(f"--episodes {args.episodes} is not allowed: use an integer >= 1")
     from ragen2.evaluate import evaluate_cli
+    from ragen2.models.loading import check_model_path
 
+    model = args.model
+    latest = Path(model) / "checkpoints" / "latest"
+    if latest.is_file():  # a run directory: its latest checkpoint
+        model = str(Path(model) / "checkpoints" / latest.read_text().strip())
+    check_model_path(model, f"model {model}")  # before the model loads, with the file that is wrong
     result = evaluate_cli(
-        model=args.model,
+        model=model,
         env_name=args.env,
         episodes=args.episodes,
         temperature=args.temperature,
@@ -98,6 +114,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         if preset and "=" in preset:  # `ragen2 train a.b=c` with no preset
             overrides.insert(0, preset)
             preset = None
+        if preset and "." in preset and Path(preset).suffix not in (".yaml", ".yml") and not Path(preset).exists():
+            raise Ragen2Error(  # `ragen2 train trainer.total_steps`: a key without its value
+                f"{preset!r} is not a preset; overrides are key=value, e.g. {_override_example(preset)}"
+            )
         config = load_config(preset, overrides)
     summary = train(config, resume_dir=Path(args.resume) if args.resume else None)
     if summary:  # empty on data-parallel ranks other than 0
@@ -120,6 +140,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         micro_batch_size=args.micro_batch_size,
         marginal=args.marginal,
+        max_reasoning_tokens=args.max_reasoning_tokens,
     )
     print(result["table"])
     print(f"wrote {result['json_path']} and {result['heatmap_path']}")
@@ -145,9 +166,22 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    run_dir = Path(args.run_dir)
+    if not run_dir.is_dir():
+        parent = run_dir.parent if run_dir.parent.is_dir() else None
+        runs = [p.name for p in parent.iterdir() if (p / "metrics.jsonl").is_file()] if parent else []
+        raise Ragen2Error(
+            f"ragen2 report {run_dir}: no such directory; pass a run directory written by `ragen2 train` "
+            "(runs/ENV-ALGO-TIME)." + did_you_mean(run_dir.name, runs)
+        )
+    if not (run_dir / "metrics.jsonl").is_file():
+        raise Ragen2Error(
+            f"ragen2 report {run_dir}: no metrics.jsonl there; pass a run directory written by `ragen2 train` "
+            "(a run that logged no step yet has nothing to plot)"
+        )
     from ragen2.report import write_report
 
-    html = write_report(Path(args.run_dir))
+    html = write_report(run_dir)
     print(f"wrote {html}")
     return 0
 
@@ -157,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ragen2",
         description="Multi-turn RL for LLM agents with reasoning-collapse diagnostics and SNR-aware filtering.",
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="Debug logging.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="Debug logging, and a traceback with each error.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser(
@@ -180,7 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Success rate, mean return, mean turns and valid-format rate on held-out seeds; "
         "prints a table (with a uniform-random agent for comparison) and writes JSON.",
     )
-    p.add_argument("model", help="Model directory or hub name; 'tiny' = the built-in warm-started policy.")
+    p.add_argument("model", nargs="?", help="Model directory, run directory (its latest checkpoint) or hub name; "
+                   "'tiny' = the built-in warm-started policy.")
     p.add_argument("--env", default="sokoban", help="Environment name (default: sokoban).")
     p.add_argument("--episodes", type=int, default=200, help="Held-out episodes (default: 200).")
     p.add_argument("--temperature", type=float, default=0.5, help="Sampling temperature (default: 0.5).")
@@ -243,6 +278,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--micro-batch-size", type=int, default=32, help="Reasonings per forward pass (default: 32).")
     p.add_argument("--marginal", default="mixture", choices=["mixture", "token_mean"],
                    help="MI-Est marginal: the paper's mixture (default) or the reference code's token_mean.")
+    p.add_argument("--max-reasoning-tokens", type=int, default=512,
+                   help="Keep the first N tokens of each reasoning, so memory stays bounded whatever the file "
+                   "holds; the truncated ones are counted (default: 512; 0 = no cap).")
     p.set_defaults(func=cmd_diagnose)
 
     p = sub.add_parser(
@@ -271,10 +309,43 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="Write PNG figures and report.html for a run directory.")
     p.add_argument("run_dir", help="A run directory written by `ragen2 train`.")
     p.set_defaults(func=cmd_report)
+    for p in sub.choices.values():  # -v also after the command: `ragen2 train sokoban -v`
+        p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser
 
 
+# Commands whose free arguments are `key=value` config overrides.
+_OVERRIDE_COMMANDS = ("train", "eval", "sweep")
+
+
+def _override_example(key: str) -> str:
+    """`key=<its default>` for a config key, else `key=VALUE`."""
+    from ragen2.config import describe
+
+    default = {k: d for k, d, _ in describe()}.get(key)
+    return f"{key}={default}" if default not in (None, "null", "", "[]", "{}") else f"{key}=VALUE"
+
+
+def _dashed_override(argv: list[str]) -> str | None:
+    """The message for `--trainer.total_steps=5` (a config key written as an option), or None."""
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command not in _OVERRIDE_COMMANDS:
+        return None
+    for i, arg in enumerate(argv):
+        key, eq, value = arg.lstrip("-").partition("=")
+        if arg.startswith("--") and "." in key:
+            value = value if eq else (argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("-") else "")
+            fixed = f"{key}={value}" if value else _override_example(key)
+            return f"{arg}: config overrides are written key=value without dashes, e.g. `ragen2 {command} {fixed}`"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    dashed = _dashed_override(argv)
+    if dashed:
+        print(f"error: {dashed}", file=sys.stderr)
+        return 2
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
@@ -284,6 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except Ragen2Error as e:
+        if args.verbose:
+            traceback.print_exc()
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -9,6 +9,7 @@ dotted path and the closest valid keys, a bad value names the allowed values.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -173,7 +174,11 @@ class TrainerConfig:
     eval_episodes: int = _f(64, "Held-out episodes per evaluation. Reference: 512.")
     eval_temperature: float = _f(0.5, "Evaluation sampling temperature. Reference: 0.5.")
     save_every: int = _f(10, "Checkpoint every N steps (and at the end); 0 = only at the end.")
-    max_skipped_steps: int = _f(5, "Stop after this many consecutive skipped (empty) steps.")
+    max_skipped_steps: int = _f(
+        5,
+        "Stop after this many consecutive skipped steps: the filter kept nothing, or every optimizer step had a "
+        "non-finite loss or gradient (events `skipped_step`, `nonfinite_step`).",
+    )
 
 
 @dataclass
@@ -502,9 +507,23 @@ def preset_pattern() -> str:
 
 
 def _load_yaml(path: Path) -> dict[str, Any]:
-    data = yaml.safe_load(path.read_text()) or {}
+    """A config file's mapping; refuses invalid YAML (with its line and column) and an empty file."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(
+            f"{path}: invalid YAML{where}: {problem}; write one `key: value` per line, nested keys indented"
+        ) from e
+    if data is None:
+        raise ConfigError(
+            f"{path} is empty (nothing but blanks or comments): a config file must set at least one key, "
+            "e.g. `trainer: {total_steps: 50}`"
+        )
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: a config file must be a mapping of keys")
+        raise ConfigError(f"{path}: a config file must be a mapping of keys, got {type(data).__name__}")
     return data
 
 
@@ -517,8 +536,11 @@ def preset_layers(name: str) -> list[dict[str, Any]]:
     if len(name.split("-")) <= len(_PRESET_PARTS) and all(f.exists() for f in files):
         return [_load_yaml(f) for f in files]
     path = Path(name)
-    if path.suffix in (".yaml", ".yml") and path.exists():
+    if path.suffix in (".yaml", ".yml") and path.is_file():
         return [_load_yaml(path)]
+    if path.suffix in (".yaml", ".yml"):
+        raise ConfigError(f"preset file {name} does not exist; pass an existing .yaml file or a preset name "
+                          f"({preset_pattern()})")
     raise ConfigError(
         f"unknown preset {name!r}; presets: {preset_pattern()} (or a path to a .yaml file)."
         + did_you_mean(name, preset_names())
@@ -539,6 +561,11 @@ def load_config(preset: str | None = None, overrides: list[str] | None = None) -
     config = _build(Config, merged, "")
     validate(config)
     return config
+
+
+# Largest learning rate `validate` accepts. Adam moves each weight by about lr per step, so above 1 one
+# update overwrites the weights; optim.lr=1e30 made the policy's logits non-finite after one step.
+MAX_LR = 1.0
 
 
 def validate(config: Config) -> None:
@@ -573,6 +600,19 @@ def validate(config: Config) -> None:
     ]:
         if value < 0:
             raise ConfigError(f"{key}={value} must be 0 or more (0 turns it off)")
+    for key, value in [("optim.lr", config.optim.lr), ("algo.critic_lr", a.critic_lr)]:
+        if not (math.isfinite(value) and 0 <= value <= MAX_LR):
+            raise ConfigError(
+                f"{key}={value!r} is not allowed: use a finite learning rate in [0, {MAX_LR:g}] (0 freezes the "
+                "weights); fine-tuning uses about 1e-6 to 1e-3, the tiny policy 1e-4 to 1e-3"
+            )
+    t = config.trainer
+    if t.eval_every > 0 and t.eval_episodes < 1:
+        raise ConfigError(
+            f"trainer.eval_episodes={t.eval_episodes} is not allowed while evaluation is on "
+            f"(trainer.eval_every={t.eval_every}): use an integer >= 1 (reference: 512), or trainer.eval_every=0 "
+            "to turn evaluation off"
+        )
     if a.name == "dapo" and a.kl_coef > 0:
         raise ConfigError(
             f"algo.name=dapo has no KL penalty, but algo.kl_coef={a.kl_coef}; set algo.kl_coef=0, "

@@ -29,6 +29,10 @@ class RolloutFormatError(Ragen2Error, ValueError):
     """A rollout record file has malformed lines."""
 
 
+class DivergedError(Ragen2Error, RuntimeError):
+    """Training made the policy's weights or outputs non-finite (too high a learning rate, as a rule)."""
+
+
 def did_you_mean(name: str, choices: Iterable[str], n: int = 3) -> str:
     """Return ' Did you mean: a, b?' for the closest choices, or '' when none is close."""
     close = difflib.get_close_matches(name, list(choices), n=n, cutoff=0.5)

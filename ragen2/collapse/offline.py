@@ -448,9 +448,10 @@ class Diagnosis:
     metrics: dict[str, float]  # mi_metrics' numbers plus valid_thinking_rate
     logp: np.ndarray  # [M, P] log p(Z_m | X_j), summed over reasoning tokens
     source: np.ndarray  # [M] column of each reasoning's own input
-    lengths: np.ndarray  # [M] reasoning lengths in tokens
+    lengths: np.ndarray  # [M] reasoning lengths in tokens (after truncation)
     selection: Selection
     column_labels: list[str]  # [P] group of each column
+    truncated: int = 0  # reasonings cut to `max_reasoning_tokens`
 
 
 def diagnose(
@@ -462,14 +463,19 @@ def diagnose(
     seed: int = 0,
     micro_batch_size: int = 32,
     marginal: str = "mixture",
+    max_reasoning_tokens: int | None = None,
 ) -> Diagnosis:
     """Select pairs, tokenize them with `tokenizer`, score them with `model`, compute the proxies.
 
     Reasonings are tokenized on their own (no special tokens); a tokenizer that merges text
     across the `<think>` boundary may split the first reasoning token slightly differently
-    from what was generated.
+    from what was generated. `max_reasoning_tokens` keeps the first N tokens of each
+    reasoning (None: all): scoring holds logits of [micro-batch, prompt + reasoning, vocab],
+    so one reasoning of 500 KB would need tens of GB. The text is cut to
+    `_CHARS_PER_TOKEN_CAP` x N characters before tokenizing, so a 10 MB reasoning is not
+    tokenized whole either.
     """
-    _check_options(scheme, num_samples, marginal)
+    _check_options(scheme, num_samples, marginal, max_reasoning_tokens)
     records = rollouts.records
     selection = select_pairs(records, scheme, num_samples, np.random.default_rng(seed))
     if not selection.pairs:
@@ -481,7 +487,11 @@ def diagnose(
         return tokenizer(text, add_special_tokens=False)["input_ids"]
 
     prompts = [encode(render_prompt(records[i], tokenizer, rollouts.unit)) for i in selection.columns]
-    reasonings = [encode(records[i].reasoning.strip()) for i in selection.pairs]
+    cap = max_reasoning_tokens
+    texts = [records[i].reasoning.strip() for i in selection.pairs]
+    reasonings = [encode(z if cap is None else z[: cap * _CHARS_PER_TOKEN_CAP]) for z in texts]
+    truncated = 0 if cap is None else sum(len(z) > cap for z in reasonings)
+    reasonings = reasonings if cap is None else [z[:cap] for z in reasonings]
     lengths = np.array([len(z) for z in reasonings])
     logp = score_matrix(model, tokenizer, prompts, reasonings, micro_batch_size=micro_batch_size)
     source = np.array(selection.source)
@@ -490,10 +500,19 @@ def diagnose(
     metrics = {key: float(value) for key, value in result.items()}
     metrics["valid_thinking_rate"] = selection.valid_thinking_rate
     labels = [str(records[i].group) for i in selection.columns]
-    return Diagnosis(metrics, logp, source, lengths, selection, labels)
+    return Diagnosis(metrics, logp, source, lengths, selection, labels, truncated)
 
 
-def _check_options(scheme: str, num_samples: int, marginal: str) -> None:
+# Characters kept per allowed token before tokenizing a capped reasoning: more than any BPE token
+# spans, so the cut falls after the first N tokens.
+_CHARS_PER_TOKEN_CAP = 64
+
+
+def _check_options(scheme: str, num_samples: int, marginal: str, max_reasoning_tokens: int | None = None) -> None:
+    if max_reasoning_tokens is not None and max_reasoning_tokens < 1:
+        raise ConfigError(
+            f"max_reasoning_tokens={max_reasoning_tokens} is not allowed: use an integer >= 1 (or no cap)"
+        )
     if scheme not in SCHEMES:
         raise ConfigError(f"scheme={scheme!r} is not allowed; allowed values: {', '.join(SCHEMES)}")
     if num_samples < 1:
@@ -601,15 +620,24 @@ def diagnose_cli(
     dtype: str = "float32",
     micro_batch_size: int = 32,
     marginal: str = "mixture",
+    max_reasoning_tokens: int | None = 512,
 ) -> dict[str, Any]:
     """`ragen2 diagnose`: read, score, write `diagnose.json` and `heatmap.png` under `out`.
 
+    Each reasoning is cut to its first `max_reasoning_tokens` tokens (None or 0: no cap), which
+    bounds the memory of scoring; the number cut is reported.
     Returns the JSON written, plus "table" (text for the terminal), "json_path" and "heatmap_path".
     """
-    _check_options(scheme, num_samples, marginal)  # before the model loads, which takes a while
+    max_reasoning_tokens = max_reasoning_tokens or None  # 0 = no cap, as the flag's help says
+    if max_reasoning_tokens is not None and max_reasoning_tokens < 0:
+        raise ConfigError(
+            f"--max-reasoning-tokens {max_reasoning_tokens} is not allowed: use an integer >= 1, or 0 for no cap"
+        )
+    _check_options(scheme, num_samples, marginal, max_reasoning_tokens)  # before the model loads, which takes a while
     rollouts = read_rollouts(path, format)
     model, tokenizer = load_scoring_model(model_path, device, dtype)
-    result = diagnose(rollouts, model, tokenizer, scheme, num_samples, seed, micro_batch_size, marginal)
+    result = diagnose(rollouts, model, tokenizer, scheme, num_samples, seed, micro_batch_size, marginal,
+                      max_reasoning_tokens)
     out = Path(out) if out is not None else Path(f"diagnose-{Path(path).stem}")
     out.mkdir(parents=True, exist_ok=True)
     m = result.metrics
@@ -632,6 +660,8 @@ def diagnose_cli(
         "skipped": len(rollouts.skipped),
         "skipped_lines": [{rollouts.unit: n, "error": why} for n, why in rollouts.skipped[:20]],
         "empty_reasoning_dropped": sel.empty,
+        "max_reasoning_tokens": max_reasoning_tokens,
+        "reasoning_truncated": result.truncated,
         "notes": rollouts.notes,
         "metrics": {k: v for k, v in m.items() if math.isfinite(v)},
         "reading": reading(m),
@@ -663,6 +693,9 @@ def _terminal_text(rollouts: RolloutFile, result: Diagnosis, report: dict[str, A
                      f"first: {unit} {rollouts.skipped[0][0]}: {rollouts.skipped[0][1]}")
     if sel.empty:
         lines.append(f"dropped {sel.empty} of {sel.considered} turns with empty reasoning")
+    if result.truncated:
+        lines.append(f"truncated {result.truncated} of {len(sel.pairs)} reasonings to their first "
+                     f"{report['max_reasoning_tokens']} tokens (--max-reasoning-tokens)")
     lines += [f"note: {note}" for note in rollouts.notes]
     lines += ["", format_table(result.metrics), "", report["reading"]]
     return "\n".join(lines)

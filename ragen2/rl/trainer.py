@@ -37,6 +37,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -60,10 +61,10 @@ from ragen2.collapse.grad_snr import grad_snr_probe, group_reward_variance
 from ragen2.collapse.online import OnlineDiagnostics, summary_rows
 from ragen2.config import Config, save_config, to_dict, validate
 from ragen2.envs import EVAL_SEED_OFFSET
-from ragen2.errors import CheckpointError, ConfigError
+from ragen2.errors import CheckpointError, ConfigError, DivergedError
 from ragen2.evaluate import evaluate
 from ragen2.filtering import group_stats, loss_scale, select_groups, select_trajectories
-from ragen2.models.loading import load_policy, resolve_device, resolve_model_path
+from ragen2.models.loading import check_model_dir, check_model_path, load_policy, resolve_device, resolve_model_path
 from ragen2.rl import distributed, fsdp
 from ragen2.rl.advantages import (
     broadcast_to_tokens,
@@ -75,7 +76,7 @@ from ragen2.rl.advantages import (
     rloo_advantages,
 )
 from ragen2.rl.batch import Batch, build_batch, response_logits
-from ragen2.rl.checkpoint import load_checkpoint, mark_latest, save_checkpoint, set_rng_state
+from ragen2.rl.checkpoint import LATEST, STATE_FILE, Checkpoint, load_checkpoint, mark_latest, save_checkpoint, set_rng_state
 from ragen2.rl.critic import critic_values, load_critic
 from ragen2.rl.guards import EarlyStopGuards
 from ragen2.rl.losses import aggregate, entropy_from_logits, kl_penalty, policy_loss, token_logprobs, value_loss
@@ -191,7 +192,6 @@ def training_step(run: Run, step: int, interrupts: _Interrupts) -> dict[str, flo
     with interrupts.deferred():  # the weights change from here on: finish the step before stopping
         run.clean = False
         if kept:
-            run.skipped_in_a_row = 0
             with timer("advantage"):
                 batch = advantage_phase(run, kept)
             scale = loss_scale(int(metrics["filter/kept_groups"]), run.config.rollout.num_groups,
@@ -199,6 +199,10 @@ def training_step(run: Run, step: int, interrupts: _Interrupts) -> dict[str, flo
             with timer("update"):
                 metrics |= update_phase(run, batch, step, scale)
                 push_weights(run)
+            if math.isfinite(metrics["train/grad_norm"]):
+                run.skipped_in_a_row = 0
+            else:  # every policy optimizer step was dropped for a non-finite loss or gradient: no update
+                skip_step(run, step, metrics, nonfinite=True)
         else:
             skip_step(run, step, metrics)
         check_guards(run, step, metrics)
@@ -242,10 +246,11 @@ def rollout_phase(run: Run, step: int) -> tuple[list[Trajectory], dict[str, floa
     torch.manual_seed(derived_seed(cfg.trainer.seed, step, "rollout"))
     stats = RolloutStats()
     run.backend = run.backend or make_backend(run)
-    trajectories = rollout(
-        run.backend, run.tokenizer, cfg.env.name, cfg.env.kwargs, seeds[mine], group_ids[mine], cfg=cfg.rollout,
-        stats=stats, sample_seeds=sample_seeds[mine],
-    )
+    with _finite_sampling(run, step, "training rollouts"):
+        trajectories = rollout(
+            run.backend, run.tokenizer, cfg.env.name, cfg.env.kwargs, seeds[mine], group_ids[mine], cfg=cfg.rollout,
+            stats=stats, sample_seeds=sample_seeds[mine],
+        )
     trajectories = distributed.gather_objects(trajectories)  # all P x G, in group order, on every rank
     returns = np.array([t.episode_return for t in trajectories])
     metrics = summarize(trajectories) | {
@@ -382,7 +387,7 @@ def update_phase(run: Run, batch: Batch, step: int, scale: float) -> dict[str, f
     skipped = sum(history.pop("skipped_nonfinite"))
     if skipped:
         run.tracker.log_event(
-            "skipped_nonfinite", f"{skipped} optimizer step(s) skipped: loss or gradient not finite", step
+            "skipped_nonfinite", f"{skipped:.0f} optimizer step(s) skipped: loss or gradient not finite", step
         )
     if run.trainee is not None:
         fsdp.sync_replica(run.trainee, run.policy)
@@ -484,9 +489,10 @@ def _evaluate(run: Run, step: int) -> dict[str, float]:
     cfg = run.config
     torch.manual_seed(derived_seed(cfg.trainer.seed, step, "evaluate"))
     rollout_cfg = dataclasses.replace(cfg.rollout, temperature=cfg.trainer.eval_temperature)
-    metrics, trajectories = evaluate(
-        run.policy, run.tokenizer, cfg.env.name, cfg.env.kwargs, rollout_cfg, cfg.trainer.eval_episodes
-    )
+    with _finite_sampling(run, step, "evaluation episodes"):
+        metrics, trajectories = evaluate(
+            run.policy, run.tokenizer, cfg.env.name, cfg.env.kwargs, rollout_cfg, cfg.trainer.eval_episodes
+        )
     write_rollout_records(
         run.run_dir / "rollouts" / f"step_{step}.jsonl", trajectories[: cfg.logging.sample_trajectories], run.tokenizer
     )
@@ -538,9 +544,26 @@ def check_guards(run: Run, step: int, metrics: dict[str, float]) -> None:
         run.tracker.log_event("early_stop", reason, step)
 
 
-def skip_step(run: Run, step: int, metrics: dict[str, float]) -> None:
-    """Record a step without an update; stop the run after `trainer.max_skipped_steps` in a row."""
+def skip_step(run: Run, step: int, metrics: dict[str, float], nonfinite: bool = False) -> None:
+    """Record a step without an update; stop the run after `trainer.max_skipped_steps` in a row.
+
+    A step is skipped when filtering kept nothing to train on (event `skipped_step`), or, with
+    `nonfinite`, when the loss or gradient was NaN or infinite in every policy optimizer step,
+    so the update changed nothing (event `nonfinite_step`).
+    """
     run.skipped_in_a_row += 1
+    limit = run.config.trainer.max_skipped_steps
+    if nonfinite:
+        reason = "the loss or gradient was not finite in every optimizer step, so the weights did not change"
+        run.tracker.log_event("nonfinite_step", f"step {step} skipped: {reason}", step)
+        if run.skipped_in_a_row >= limit:
+            run.stop_reason = (
+                f"{limit} consecutive steps were skipped (the last: {reason}). Lower optim.lr "
+                f"(now {run.config.optim.lr:g}), keep optim.grad_clip > 0 (now {run.config.optim.grad_clip:g}), "
+                "or look for NaN rewards in the environment."
+            )
+            run.tracker.log_event("early_stop", run.stop_reason, step)
+        return
     zero, f = metrics["rollout/frac_zero_variance"], run.config.filter
     if not metrics["filter/kept_groups"]:
         reason = (
@@ -553,7 +576,6 @@ def skip_step(run: Run, step: int, metrics: dict[str, float]) -> None:
     else:
         reason = "no kept group has a training sample"
     run.tracker.log_event("skipped_step", f"step {step} skipped: {reason}", step)
-    limit = run.config.trainer.max_skipped_steps
     if run.skipped_in_a_row >= limit:
         run.stop_reason = (
             f"{limit} consecutive steps had nothing to train on ({reason}). Every rollout of a seed gets "
@@ -606,11 +628,32 @@ def setup(config: Config, resume_dir: Path | None = None) -> Run:
         raise ConfigError("model.fsdp=true shards over several processes: launch with torchrun or accelerate "
                           "(docs/scaling.md), or set model.fsdp=false for one process")
     checkpoint = load_checkpoint(resume_dir) if resume_dir is not None else None
+    # Files are checked before a run directory exists: a run that cannot start leaves nothing behind.
+    if checkpoint is not None:
+        _check_checkpoint_models(checkpoint, config)
+    g = config.grad_snr
+    if checkpoint is None or config.model.lora_rank > 0 or config.algo.kl_coef > 0 or (g.enable and g.kl_reference):
+        check_model_path(config.model.path)  # the weights load from model.path: the policy, LoRA's base, the reference
+    distributed.on_main(lambda: resolve_model_path(config.model.path))  # a tiny policy is built once, not per rank
+    fresh = resume_dir is None and not (config.trainer.run_dir and Path(config.trainer.run_dir).exists())
+    runs_made = fresh and not config.trainer.run_dir and not Path("runs").exists()
     run_dir = Path(resume_dir) if resume_dir is not None else distributed.on_main(lambda: _new_run_dir(config))
     config = dataclasses.replace(config, trainer=dataclasses.replace(config.trainer, run_dir=str(run_dir)))
+    try:
+        return _build_run(config, run_dir, checkpoint)
+    except BaseException:
+        if fresh and distributed.is_main():  # it holds only config.yaml (and maybe an empty log): remove it
+            shutil.rmtree(run_dir, ignore_errors=True)
+            if runs_made:
+                with contextlib.suppress(OSError):  # runs/ itself, unless another run has appeared in it
+                    run_dir.parent.rmdir()
+        raise
+
+
+def _build_run(config: Config, run_dir: Path, checkpoint: Checkpoint | None) -> Run:
+    """`setup` once the run directory exists: config.yaml, models, optimizers, tracker, restored state."""
     if checkpoint is None and distributed.is_main():
         save_config(config, run_dir / "config.yaml")
-    distributed.on_main(lambda: resolve_model_path(config.model.path))  # a tiny policy is built once, not per rank
     if distributed.is_main():
         log.info("run directory: %s\nresolved config:\n%s", run_dir, yaml.safe_dump(to_dict(config), sort_keys=False))
     torch.manual_seed(config.trainer.seed)  # initialisation of new heads and adapters
@@ -652,6 +695,20 @@ def setup(config: Config, resume_dir: Path | None = None) -> Run:
     if checkpoint is not None:
         _restore(run, checkpoint)
     return run
+
+
+def _check_checkpoint_models(checkpoint: Checkpoint, config: Config) -> None:
+    """Refuse a checkpoint whose policy (or critic) files are missing, truncated or corrupt, naming the
+    file and the earlier checkpoint to resume from, as `load_checkpoint` does for trainer_state.pt."""
+    root = checkpoint.path.parent
+    steps = [int(p.name[5:]) for p in root.glob("step_*") if p.name[5:].isdigit() and (p / STATE_FILE).is_file()]
+    earlier = max((s for s in steps if s < checkpoint.step), default=None)
+    fix = (f"resume from an earlier checkpoint by writing its name (step_{earlier}, the one before) into "
+           f"{root / LATEST}" if earlier else "no earlier checkpoint is left: start the run again without --resume")
+    lora = config.model.lora_rank > 0
+    check_model_dir(checkpoint.path, f"checkpoint {checkpoint.path}", fix, tokenizer=not lora, adapter=lora)
+    if checkpoint.critic_path is not None:
+        check_model_dir(checkpoint.critic_path, f"checkpoint {checkpoint.path}'s critic", fix, tokenizer=False)
 
 
 def _new_run_dir(config: Config) -> Path:
@@ -920,6 +977,22 @@ def _clip_and_step(optimizer: torch.optim.Optimizer, loss: torch.Tensor, max_nor
         return {"grad_norm": float("nan"), "skipped_nonfinite": 1.0}
     optimizer.step()
     return {"grad_norm": norm.item(), "skipped_nonfinite": 0.0}
+
+
+@contextlib.contextmanager
+def _finite_sampling(run: Run, step: int, what: str) -> Iterator[None]:
+    """torch's sampling error on NaN / inf probabilities, as one line naming the cause and the fix."""
+    try:
+        yield
+    except RuntimeError as e:
+        if "probability tensor contains" not in str(e):
+            raise
+        o = run.config.optim
+        raise DivergedError(
+            f"step {step}: the policy's next-token probabilities are NaN or infinite while sampling {what}: its "
+            f"weights diverged (optim.lr={o.lr:g}, optim.grad_clip={o.grad_clip:g}); start again with a lower "
+            "optim.lr (events.jsonl lists the steps skipped for a non-finite loss or gradient)"
+        ) from e
 
 
 def _set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
