@@ -914,8 +914,9 @@ def write_results(sweeps_dir: Path, out: Path, figures: Path, model_figures: boo
         f"`{DATA_DIR}/` (collected from the run directories that `ragen2 sweep` left in `sweeps/`, checkpoints left "
         "behind); every number below is computed from the runs' `metrics.jsonl` and nothing is typed by hand, and a "
         "test checks that the committed data gives this page. The runs use the built-in tiny "
-        "policies on a CPU (0.5M parameters, tens of steps), and one filter-vs-none experiment a 25M-parameter policy "
-        "on a GPU, not the paper's 3B models and hundreds of steps: a claim that does not show here is reported as "
+        "policies on a CPU (0.5M parameters, tens of steps)"
+        + (", and one filter-vs-none experiment a 25M-parameter policy on a GPU" if "filter_sokoban_gpu" in started else "")
+        + ", not the paper's 3B models and hundreds of steps: a claim that does not show here is reported as "
         "such, with what was run.",
         "",
         "## How to regenerate",
