@@ -123,6 +123,14 @@ def test_eval_of_a_truncated_model_names_the_file(capsys, tmp_path):
     )
 
 
+def test_diagnose_with_a_truncated_model_names_the_file(capsys, tmp_path):
+    fake_model_dir(tmp_path / "m", data_bytes=0)
+    (tmp_path / "r.jsonl").write_text('{"group": 0, "prompt": "p", "reasoning": "z"}\n')
+    assert error_line(capsys, ["diagnose", str(tmp_path / "r.jsonl"), "--model", str(tmp_path / "m")]).startswith(
+        f"--model {tmp_path / 'm'} holds model.safetensors, which is truncated or corrupt (70 bytes"
+    )
+
+
 def test_resume_from_a_truncated_checkpoint_names_the_file_and_the_earlier_one(capsys, tmp_path):
     run = tmp_path / "run"
     save_config(load_config("bandit", [f"trainer.run_dir={run}", "model.device=cpu"]), _mkdir(run) / "config.yaml")

@@ -44,7 +44,7 @@ from ragen2.collapse.metrics import MARGINALS, MIN_PAIRS, mi_metrics, proxies_un
 from ragen2.collapse.online import RECALL_KS
 from ragen2.collapse.scoring import score_matrix
 from ragen2.errors import ConfigError, RolloutFormatError
-from ragen2.models.loading import DTYPES, resolve_device, resolve_model_path
+from ragen2.models.loading import DTYPES, check_model_path, resolve_device, resolve_model_path
 
 FORMATS = ("auto", "records", "ragen2", "trl", "verl")
 SCHEMES = ("first_turn", "trajectory", "pairs")
@@ -527,6 +527,7 @@ def load_scoring_model(
     """Any causal LM and its tokenizer ('tiny' = the built-in policy); no chat template required."""
     if dtype not in DTYPES:
         raise ConfigError(f"dtype={dtype!r} is not allowed; allowed values: {', '.join(DTYPES)}")
+    check_model_path(path, f"--model {path}")  # a file, an empty or truncated directory: one line naming it
     resolved = resolve_model_path(path)
     if not Path(resolved).exists() and resolved.startswith((".", "/", "~")):
         raise ConfigError(f"--model {path}: no such directory; pass a Hugging Face model directory or hub name")
