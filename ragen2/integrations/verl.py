@@ -154,8 +154,9 @@ class _SNRFilter:
             metrics |= more
         raise RuntimeError(
             f"SNR filter: no group kept in {self.max_resamples + 1} batches of {batch_size} prompts: every group's "
-            f"rewards are equal (reward variance <= eps={self.filter_options['eps']}), so the policy gets no task "
-            f"signal. Set {SAMPLER_KWARGS}.include_zero=true to train on them anyway, or raise max_resamples."
+            f"rewards are equal (reward std <= zero_tol={self.filter_options['zero_tol']}) or top_p kept none of them, "
+            f"so the policy gets no task signal. Set {SAMPLER_KWARGS}.include_zero=true to train on them anyway, "
+            "or raise max_resamples."
         )
 
     def _choose(self, batch: KVBatchMeta) -> tuple[set[str], dict[str, float]]:
