@@ -72,7 +72,7 @@ def test_diagnose_reports_an_unusable_file(tmp_path, model_dir, capsys):
     good = tmp_path / "good.jsonl"
     good.write_text('{"group": 0, "prompt": "A<think>", "reasoning": "go"}\n')
     assert main(["diagnose", str(good), "--model", str(tmp_path / "no-model")]) == 2
-    assert "no-model: no such directory" in capsys.readouterr().err
+    assert "no-model does not exist; pass a model directory" in capsys.readouterr().err
 
 
 def test_diagnose_on_two_records_says_the_proxies_cannot_be_computed(tmp_path, model_dir, capsys):
