@@ -477,7 +477,8 @@ def not_run(title: str, paper: str, *names: str) -> Claim:
     commands = "; ".join(f"`{GPU_EXPERIMENTS[n]}` (on a machine with a GPU)" if n in GPU_EXPERIMENTS
                          else f"`ragen2 sweep experiments/{n}.yaml --jobs 2`" for n in names)
     return Claim(title, paper, "–", "not run",
-                 [f"Not run yet: {commands}, then `python scripts/make_results.py --collect`."])
+                 [f"Not run since the filter was made to select what the reference selects (What changed): {commands}, "
+                  "then `python scripts/make_results.py --collect`."])
 
 
 COLLAPSE_HEADER = [
@@ -934,7 +935,8 @@ def write_results(sweeps_dir: Path, out: Path, figures: Path, model_figures: boo
     ]
     for name in (*EXPERIMENTS, *GPU_EXPERIMENTS):
         s = sweeps.get(name)
-        lines.append(f"| {name} | {s.planned} | {len(s.runs)} | {s.seconds / 60:.0f} min |" if s else f"| {name} | – | – | not run |")
+        missing = "not re-run since the reference-matching filter (What changed)" if PREVIOUS_PAGE.is_file() else "not run"
+        lines.append(f"| {name} | {s.planned} | {len(s.runs)} | {s.seconds / 60:.0f} min |" if s else f"| {name} | – | – | {missing} |")
     lines += ["", "## Summary", "", "| claim | paper | ours | verdict |", "|---|---|---|---|"]
     lines += [f"| {c.title} | {c.paper} | {c.ours} | **{c.verdict}** |" for c in claims]
     if PREVIOUS_PAGE.is_file():

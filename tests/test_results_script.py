@@ -155,9 +155,9 @@ def test_collapse_order_and_entropy_band(results):
 def test_not_run_experiments_say_how(results):
     _, text, _ = results
     # a started sweep without a finished run is not run, and the overview says how far it got
-    assert "Not run yet: `ragen2 sweep experiments/quartiles.yaml --jobs 2`" in section(text, "RV quartiles")
+    assert "(What changed): `ragen2 sweep experiments/quartiles.yaml --jobs 2`" in section(text, "RV quartiles")
     assert "| quartiles | 1 | 0 | 0 min |" in text
-    assert "| filter_sokoban | – | – | not run |" in text
+    assert "| filter_sokoban | – | – | not re-run since the reference-matching filter (What changed) |" in text
 
 
 def test_mechanism_numbers_and_verdict(results):
