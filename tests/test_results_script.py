@@ -276,8 +276,8 @@ def test_committed_data_gives_docs_results_md(tmp_path):
 
     After new sweeps: `python scripts/make_results.py --collect`, and commit results/runs/ and docs/."""
     data = REPO / make_results.DATA_DIR
-    if not any(data.glob(f"*/{sweep.GRID_FILE}")):
-        pytest.skip(f"no committed run data in {data}: run the sweeps, then python scripts/make_results.py --collect")
+    assert any(data.glob(f"*/{sweep.GRID_FILE}")), (
+        f"no committed run data in {data}: run the sweeps, then python scripts/make_results.py --collect")
     out = tmp_path / "results.md"
     make_results.write_results(data, out, tmp_path / "figures")
     made, committed = out.read_bytes(), (REPO / "docs" / "results.md").read_bytes()
