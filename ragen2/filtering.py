@@ -133,7 +133,7 @@ def select_groups(
     candidates = np.arange(len(score))
     if not include_zero:
         rv = _reward_variance(rewards, ddof, needed_by="include_zero=False")
-        candidates = candidates[np.sqrt(rv) > zero_tol]
+        candidates = candidates[~_zero_variance(rv, zero_tol)]
     if candidates.size == 0:
         return np.empty(0, dtype=np.int64)
 
@@ -206,7 +206,7 @@ def group_stats(rewards: np.ndarray, ddof: int = 1, zero_tol: float = ZERO_TOL) 
     return {
         "rv_mean": mean,
         "rv_std_over_mean": float(rv.std()) / mean if mean > 0 else 0.0,
-        "frac_zero_variance": float(np.mean(np.sqrt(rv) <= zero_tol)),
+        "frac_zero_variance": float(np.mean(_zero_variance(rv, zero_tol))),
     }
 
 
@@ -428,6 +428,11 @@ def _check_scores(scores: np.ndarray | None, metric: str, shape: tuple[int, int]
             f"scores for metric {metric!r} contain NaN or inf; every score must be finite."
         )
     return _without_rounding_noise(np.sort(scores, axis=1).mean(axis=1) if scores.ndim == 2 else scores)
+
+
+def _zero_variance(rv: np.ndarray, zero_tol: float) -> np.ndarray:
+    """bool [P]: the groups whose reward std is <= zero_tol, the ones include_zero=False drops."""
+    return np.sqrt(rv) <= zero_tol
 
 
 def _reward_variance(rewards: np.ndarray, ddof: int, needed_by: str) -> np.ndarray:
