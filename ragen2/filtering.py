@@ -320,10 +320,11 @@ def _top_k(ranked: np.ndarray, rule: Rule) -> slice:
 def _min_p(ranked: np.ndarray, rule: Rule) -> slice:
     """Keep score >= value * best; for order="smallest", score <= best / value.
 
-    The reference's 1e-10 slack, plus REL_TOL of the best score so that equal floats on both
-    sides of a product compare as equal."""
+    The reference's 1e-10 slack, plus REL_TOL of the threshold so that equal floats on both
+    sides of a product compare as equal (relative to the threshold, not to the best score, so
+    that a tiny value still drops the groups the reference drops)."""
     best = ranked[0]
-    tol = ZERO_TOL + REL_TOL * abs(best)
+    tol = ZERO_TOL + REL_TOL * abs(rule.value * best if rule.largest else best)
     keep = ranked >= rule.value * best - tol if rule.largest else rule.value * ranked <= best + tol
     return slice(int(np.count_nonzero(keep)))
 

@@ -1,10 +1,12 @@
 """Fixtures shared by every test directory."""
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import settings
 
 from ragen2.models.tiny import build_model, build_tokenizer
 
@@ -15,6 +17,12 @@ BANDIT_CORPUS = [
     "Turn 1:\nState:\nArms: Dragon, Turtle. Which arm do you pull?\nYou have 1 actions left.",
     "<think>The arms are Dragon and Turtle. I try Dragon.</think><answer>Dragon</answer>",
 ] * 10
+
+# Property tests draw the same cases on every run, so a CI run passes or fails on the code, not
+# on the draw. HYPOTHESIS_PROFILE=explore draws new cases each run (to look for bugs).
+settings.register_profile("repeatable", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 
 
 @pytest.fixture(scope="session")

@@ -471,7 +471,14 @@ def test_top_k_count_and_min_p_threshold(rewards, value, include_zero):
     assert len(top_k) == expected  # a fraction of all P groups, as the reference's int(rho * P)
     min_p = select_groups(rewards, strategy="min_p", value=value, include_zero=include_zero)
     rv = group_scores(rewards)
-    assert min_p.tolist() == sorted(i for i in ranked if rv[i] >= value * rv[ranked[0]] - 1e-10)
+    threshold = value * rv[ranked[0]] if ranked else 0.0
+    assert min_p.tolist() == sorted(i for i in ranked if rv[i] >= threshold - 1e-10 - 1e-9 * threshold)
+
+
+def test_min_p_with_a_tiny_value_drops_zero_groups_as_the_reference():
+    """Threshold 1e-9 * 0.5 = 5e-10: the reference's 1e-10 slack does not reach a zero score."""
+    rewards = np.array([[0.0, 1.0], [1.0, 1.0]])
+    assert select_groups(rewards, strategy="min_p", value=1e-9, include_zero=True).tolist() == [0]
 
 
 # ----------------------------------------------------------------------------- the reference's rule, exactly
