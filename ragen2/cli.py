@@ -7,11 +7,17 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import traceback
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from ragen2.errors import Ragen2Error, did_you_mean
+
+if TYPE_CHECKING:
+    from ragen2.config import Config
 
 TRAIN_EPILOG = """\
 examples:
@@ -19,6 +25,7 @@ examples:
   ragen2 train frozenlake-ppo trainer.total_steps=50
   ragen2 train sokoban model.path=Qwen/Qwen2.5-0.5B-Instruct model.device=cuda
   ragen2 train --resume runs/sokoban-grpo-20261130-120000
+  ragen2 train --resume runs/sokoban-grpo-20261130-120000 trainer.total_steps=60   # extend a finished run
   ragen2 train --list-keys                      # every config key with default and help
 """
 
@@ -27,6 +34,7 @@ examples:
   ragen2 diagnose runs/sokoban-grpo-X/rollouts/step_30.jsonl --model runs/sokoban-grpo-X/checkpoints/step_30
   ragen2 diagnose out/completions/completions_00100.parquet --model Qwen/Qwen3-0.6B --device cuda
   ragen2 diagnose rollouts.jsonl --model tiny --scheme trajectory --out diag
+  ragen2 eval tiny --samples 64 && ragen2 diagnose eval/tiny-sokoban-<time>/rollouts.jsonl --model tiny
 """
 
 
@@ -71,6 +79,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
         )
     if args.episodes < 1:
         raise Ragen2Error(f"--episodes {args.episodes} is not allowed: use an integer >= 1")
+    if args.samples < 0:
+        raise Ragen2Error(f"--samples {args.samples} is not allowed: use an integer >= 0")
+    if args.out and Path(args.out).suffix == ".json":
+        raise Ragen2Error(f"--out {args.out}: --out is a directory (it gets eval.json, transcripts.txt and "
+                          f"rollouts.jsonl); e.g. --out {Path(args.out).with_suffix('')}")
     from ragen2.evaluate import evaluate_cli
     from ragen2.models.loading import check_model_path
 
@@ -88,41 +101,66 @@ def cmd_eval(args: argparse.Namespace) -> int:
         overrides=args.overrides,
         out=Path(args.out) if args.out else None,
         compare_random=not args.no_random,
+        samples=args.samples,
     )
     print(result["table"])
-    print(f"wrote {result['json_path']}")
+    if result["transcripts"]:
+        print("\n" + result["transcripts"] + "\n")
+    print(f"wrote eval.json, transcripts.txt and rollouts.jsonl in {result['out']}")
     return 0
 
 
+# Keys a resumed run may change: the checkpoint's weights, optimizer and RNG states were made under
+# the saved config, so anything else would make the continuation a different run than the one saved.
+RESUME_OVERRIDES = ("trainer.total_steps",)
+
+
 def cmd_train(args: argparse.Namespace) -> int:
-    from ragen2.config import config_from_file, load_config
-    from ragen2.rl.trainer import train
+    from ragen2.config import load_config
 
     if args.list_keys:
         print(_config_help())
         return 0
+    preset = args.preset
+    overrides = list(args.overrides)
+    if preset and "=" in preset:  # `ragen2 train a.b=c` with no preset
+        overrides.insert(0, preset)
+        preset = None
     if args.resume:
-        run_dir = Path(args.resume)
-        if not (run_dir / "config.yaml").exists():
-            raise Ragen2Error(f"--resume {run_dir}: no config.yaml there; is it a ragen2 run directory?")
-        if args.preset or args.overrides:
-            raise Ragen2Error("--resume continues a run with its saved config; do not pass a preset or overrides")
-        config = config_from_file(run_dir / "config.yaml")
+        if preset:
+            raise Ragen2Error(f"--resume continues a run with its saved config; drop the preset {preset!r}")
+        config = _resumed_config(Path(args.resume), overrides)
     else:
-        preset = args.preset
-        overrides = list(args.overrides)
-        if preset and "=" in preset:  # `ragen2 train a.b=c` with no preset
-            overrides.insert(0, preset)
-            preset = None
         if preset and "." in preset and Path(preset).suffix not in (".yaml", ".yml") and not Path(preset).exists():
             raise Ragen2Error(  # `ragen2 train trainer.total_steps`: a key without its value
                 f"{preset!r} is not a preset; overrides are key=value, e.g. {_override_example(preset)}"
             )
         config = load_config(preset, overrides)
+        logging.getLogger("ragen2").info("preset %s", preset or "sokoban (the default)")
+    from ragen2.rl.trainer import train  # after the config is checked: a bad one is refused in well under a second
+
     summary = train(config, resume_dir=Path(args.resume) if args.resume else None)
     if summary:  # empty on data-parallel ranks other than 0
         print(summary)
     return 0
+
+
+def _resumed_config(run_dir: Path, overrides: list[str]) -> Config:
+    """The run's saved config, with only the RESUME_OVERRIDES keys changed (extending a finished run)."""
+    from ragen2.config import load_config
+
+    if not (run_dir / "config.yaml").exists():
+        raise Ragen2Error(f"--resume {run_dir}: no config.yaml there; is it a ragen2 run directory?")
+    for item in overrides:
+        key = item.partition("=")[0]
+        if key not in RESUME_OVERRIDES:
+            raise Ragen2Error(
+                f"--resume {run_dir}: {key} cannot change on resume: the checkpoint's weights, optimizer and "
+                f"random states were made under the saved config, so a resumed run keeps it; only "
+                f"{', '.join(k + '=N' for k in RESUME_OVERRIDES)} may be given (to extend or shorten the run). "
+                "Start a new run for other settings."
+            )
+    return load_config(str(run_dir / "config.yaml"), overrides)
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
@@ -166,22 +204,25 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    run_dir = Path(args.run_dir)
-    if not run_dir.is_dir():
-        parent = run_dir.parent if run_dir.parent.is_dir() else None
-        runs = [p.name for p in parent.iterdir() if (p / "metrics.jsonl").is_file()] if parent else []
-        raise Ragen2Error(
-            f"ragen2 report {run_dir}: no such directory; pass a run directory written by `ragen2 train` "
-            "(runs/ENV-ALGO-TIME)." + did_you_mean(run_dir.name, runs)
-        )
-    if not (run_dir / "metrics.jsonl").is_file():
-        raise Ragen2Error(
-            f"ragen2 report {run_dir}: no metrics.jsonl there; pass a run directory written by `ragen2 train` "
-            "(a run that logged no step yet has nothing to plot)"
-        )
+    if args.smooth < 0:
+        raise Ragen2Error(f"ragen2 report --smooth {args.smooth}: give a window of logged points, or 0 for none")
+    run_dirs = [Path(d) for d in args.run_dirs]
+    for run_dir in run_dirs:
+        if not run_dir.is_dir():
+            parent = run_dir.parent if run_dir.parent.is_dir() else None
+            runs = [p.name for p in parent.iterdir() if (p / "metrics.jsonl").is_file()] if parent else []
+            raise Ragen2Error(
+                f"ragen2 report {run_dir}: no such directory; pass a run directory written by `ragen2 train` "
+                "(runs/ENV-ALGO-TIME)." + did_you_mean(run_dir.name, runs)
+            )
+        if not (run_dir / "metrics.jsonl").is_file():
+            raise Ragen2Error(
+                f"ragen2 report {run_dir}: no metrics.jsonl there; pass a run directory written by `ragen2 train` "
+                "(a run that logged no step yet has nothing to plot)"
+            )
     from ragen2.report import write_report
 
-    html = write_report(run_dir)
+    html = write_report(run_dirs, Path(args.out) if args.out else None, smooth=args.smooth)
     print(f"wrote {html}")
     return 0
 
@@ -204,7 +245,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("preset", nargs="?", help="ENV, ENV-ALGO or a path to a YAML file.")
     p.add_argument("overrides", nargs="*", help="Dotted overrides, e.g. algo.name=ppo filter.value=0.9.")
-    p.add_argument("--resume", metavar="RUN_DIR", help="Continue a run from its last checkpoint.")
+    p.add_argument("--resume", metavar="RUN_DIR",
+                   help="Continue a run from its last checkpoint, with its saved config; trainer.total_steps=N "
+                   "may follow, to extend a finished run (the only key a resumed run may change; a linear or cosine "
+                   "optim.schedule then decays over the new total from the resumed step on).")
     p.add_argument("--list-keys", action="store_true", help="Print every config key with its default and help.")
     p.set_defaults(func=cmd_train)
 
@@ -212,7 +256,10 @@ def build_parser() -> argparse.ArgumentParser:
         "eval",
         help="Evaluate a policy on held-out seeds.",
         description="Success rate, mean return, mean turns and valid-format rate on held-out seeds; "
-        "prints a table (with a uniform-random agent for comparison) and writes JSON.",
+        "prints a table (with a uniform-random agent for comparison) and a few sample episodes, and writes "
+        "eval.json, transcripts.txt (the sample episodes' conversations) and rollouts.jsonl (the same episodes "
+        "as rollout records, for `ragen2 diagnose`) into a results directory: eval/<model name>-<env>-<time>/ "
+        "in the current directory (a run's checkpoint is named <run>-step_N), or --out DIR.",
     )
     p.add_argument("model", nargs="?", help="Model directory, run directory (its latest checkpoint) or hub name; "
                    "'tiny' = the built-in warm-started policy.")
@@ -220,7 +267,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--episodes", type=int, default=200, help="Held-out episodes (default: 200).")
     p.add_argument("--temperature", type=float, default=0.5, help="Sampling temperature (default: 0.5).")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda (default: auto).")
-    p.add_argument("--out", help="JSON output path (default: eval-<env>.json).")
+    p.add_argument("--out", metavar="DIR",
+                   help="Results directory (default: a new eval/<model name>-<env>-<time>/ in the current directory).")
+    p.add_argument("--samples", type=int, default=4,
+                   help="Episodes written to transcripts.txt and rollouts.jsonl; the first two are also printed "
+                   "(default: 4).")
     p.add_argument("--no-random", action="store_true", help="Skip the uniform-random baseline.")
     p.add_argument("overrides", nargs="*", help="Config overrides, e.g. env.kwargs.size=6 rollout.max_turns=5.")
     p.set_defaults(func=cmd_eval)
@@ -256,8 +307,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="MI proxies (template collapse) of saved rollouts, scored by a model.",
         description="Score every reasoning of a rollout file under every input with MODEL, print the MI "
         "proxies (Retrieval-Acc, MI-Est, MI-ZScore, ...), write diagnose.json and a heatmap PNG. Reads the "
-        "rollout records of `ragen2 train` (rollouts/step_N.jsonl, or any JSONL of "
-        '{"group", "prompt", "reasoning"} objects) and TRL GRPOTrainer completion logs. See docs/diagnostics.md.',
+        "rollout records of `ragen2 train` (rollouts/step_N.jsonl, rollouts/train_step_N.jsonl) and `ragen2 eval` "
+        '(rollouts.jsonl), any JSONL of {"group", "prompt", "reasoning"} objects, and TRL GRPOTrainer completion '
+        "logs. See docs/diagnostics.md.",
         epilog=DIAGNOSE_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -267,7 +319,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Scoring model: a Hugging Face directory or hub name; 'tiny' = the built-in policy.")
     p.add_argument("--format", default="auto", choices=["auto", "ragen2", "trl", "verl", "records"],
                    help="Input format (default: auto; ragen2 = records).")
-    p.add_argument("--out", help="Output directory (default: diagnose-<file name>).")
+    p.add_argument("--out", metavar="DIR",
+                   help="Results directory (default: a new diagnose/<file name>-<time>/ in the current directory; "
+                   "a run's rollouts/step_N.jsonl is named <run>-step_N).")
     p.add_argument("--scheme", default="first_turn", choices=["first_turn", "trajectory", "pairs"],
                    help="Pair sampling (default: first_turn; see docs/diagnostics.md).")
     p.add_argument("--num-samples", type=int, default=64, help="Pairs to score (default: 64, the reference).")
@@ -306,8 +360,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tables-only", action="store_true", help="Only rewrite sweep.csv and sweep.md from the runs there.")
     p.set_defaults(func=cmd_sweep)
 
-    p = sub.add_parser("report", help="Write PNG figures and report.html for a run directory.")
-    p.add_argument("run_dir", help="A run directory written by `ragen2 train`.")
+    p = sub.add_parser(
+        "report",
+        help="Write PNG figures and report.html for a run directory, or for several runs overlaid.",
+        description="Write PNG figures (OUT/figures/) and OUT/report.html: return, success with error bars, "
+        "collapse proxies, entropy, losses, gradient norm, learning rate, clip fraction, approximate KL, "
+        "throughput, timing per phase, sample trajectories (docs/report.md). Several run directories are "
+        "overlaid, one colour per run (e.g. filter against no filter).",
+    )
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="A run directory written by `ragen2 train`.")
+    p.add_argument("--out", metavar="DIR",
+                   help="Directory of report.html and figures/ (default: the run directory for one run; for several, "
+                   "report-FIRST-vs-SECOND in the working directory, -and-N-more appended past two).")
+    p.add_argument("--smooth", type=int, default=0, metavar="N",
+                   help="Draw lines as moving averages over the last N logged points, raw points faint behind "
+                   "(default 0: off).")
     p.set_defaults(func=cmd_report)
     for p in sub.choices.values():  # -v also after the command: `ragen2 train sokoban -v`
         p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
@@ -340,13 +407,35 @@ def _dashed_override(argv: list[str]) -> str | None:
     return None
 
 
+def _quiet_libraries() -> None:
+    """Turn off the libraries' progress bars and load reports ("Loading weights", "Writing model shards",
+    the LOAD REPORT of a newly initialised critic head): they bury the run's own lines. -v keeps them.
+    The variables are read at import, so this runs before the commands import the libraries."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    if "transformers" in sys.modules:  # main() called from Python after an import
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+        transformers.logging.disable_progress_bar()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     dashed = _dashed_override(argv)
     if dashed:
         print(f"error: {dashed}", file=sys.stderr)
         return 2
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # argparse takes positionals in one run: overrides after an option (`eval tiny --env bandit a.b=c`)
+    # come back unparsed. They are still overrides.
+    if extra and hasattr(args, "overrides") and all("=" in a and not a.startswith("-") for a in extra):
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if not args.verbose:
+        _quiet_libraries()
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(name)s: %(message)s",

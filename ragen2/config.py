@@ -336,7 +336,16 @@ class LoggingConfig:
     wandb: bool = _f(False, "Log to Weights & Biases (when installed).")
     wandb_project: str = _f("ragen2", "W&B project name.")
     progress: bool = _f(True, "Show a live progress bar.")
-    sample_trajectories: int = _f(4, "Trajectories written to rollouts/step_N.jsonl at each evaluation.")
+    sample_trajectories: int = _f(
+        4,
+        "Episodes written to rollouts/step_N.jsonl at each evaluation (held-out) and to "
+        "rollouts/train_step_N.jsonl every logging.sample_every steps (training, with their rewards).",
+    )
+    sample_every: int = _f(
+        10,
+        "Write logging.sample_trajectories of the training episodes of every step divisible by N to "
+        "rollouts/train_step_N.jsonl, one per group in turn; 0 = none (evaluations still write rollouts/step_N.jsonl).",
+    )
 
 
 @dataclass
@@ -597,6 +606,8 @@ def validate(config: Config) -> None:
         ("trainer.eval_every", config.trainer.eval_every),
         ("trainer.save_every", config.trainer.save_every),
         ("optim.warmup_steps", config.optim.warmup_steps),
+        ("logging.sample_every", config.logging.sample_every),
+        ("logging.sample_trajectories", config.logging.sample_trajectories),
     ]:
         if value < 0:
             raise ConfigError(f"{key}={value} must be 0 or more (0 turns it off)")

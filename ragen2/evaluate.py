@@ -1,19 +1,27 @@
-"""Held-out evaluation: success, return, turns and format validity on seeds training never sees."""
+"""Held-out evaluation: success, return, turns and format validity on seeds training never sees.
+
+Also what eval and training save of sample episodes, so a rate can be read next to what the model
+said: rollout records (the format `ragen2 diagnose` reads), transcripts, and the results
+directories of `ragen2 eval` and `ragen2 diagnose`.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
+import re
+import time
 from pathlib import Path
 
 import numpy as np
+import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ragen2 import envs
 from ragen2.agent.backends import HFBackend
 from ragen2.agent.rollout import RolloutConfig, rollout, summarize
-from ragen2.agent.types import Trajectory
+from ragen2.agent.types import Trajectory, Turn
 
 
 def evaluate(
@@ -91,6 +99,115 @@ def format_table(rows: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
+def write_rollout_records(path: Path, trajectories: list[Trajectory], tokenizer: PreTrainedTokenizerBase) -> None:
+    """One JSON object per turn, in the rollout-record format `ragen2 diagnose` reads (DESIGN §4).
+
+    `group` is the environment seed (turns of the same input share it); `prompt` is the
+    full context the model saw, chat template included.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for episode, traj in enumerate(trajectories):
+            for turn_index, turn in enumerate(traj.turns):
+                record = {
+                    "group": traj.seed,
+                    "prompt": tokenizer.decode(turn.prompt_ids, skip_special_tokens=False),
+                    "reasoning": turn.reasoning,
+                    "response": turn.response_text,
+                    "reward": turn.reward,
+                    "episode": episode,
+                    "turn": turn_index,
+                }
+                f.write(json.dumps(record) + "\n")
+
+
+def new_results_dir(kind: str, source: str | Path, *details: str) -> Path:
+    """Create and return `kind/<name>[-<details>]-<time>/` in the current directory, for `ragen2 eval` / `diagnose`.
+
+    <name> is the source's file stem (or, for a directory or hub name, its last part), prefixed with the
+    run's name when the source sits in a run's checkpoints/ or rollouts/: runs/X/checkpoints/step_30 ->
+    X-step_30. A new directory each time, so a later command never overwrites an earlier one's results.
+    """
+    p = Path(source)
+    name = p.stem if p.is_file() else p.name
+    if p.parent.name in ("checkpoints", "rollouts") and p.parent.parent.name:
+        name = f"{p.parent.parent.name}-{name}"
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", "-".join([name, *details])).strip("._") or kind
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out, n = Path(kind) / f"{name}-{stamp}", 1
+    while out.exists():
+        n += 1
+        out = Path(kind) / f"{name}-{stamp}-{n}"
+    out.mkdir(parents=True)
+    return out
+
+
+def _episode_header(traj: Trajectory) -> str:
+    outcome = "success" if traj.success else "no success"
+    end = "error" if traj.error else "terminated" if traj.terminated else "truncated" if traj.truncated else "ended"
+    turns = f"{len(traj.turns)} turn{'' if len(traj.turns) == 1 else 's'}"
+    return f"seed {traj.seed}: {outcome}, return {traj.episode_return:.3f}, {turns}, {end}"
+
+
+def _feedback(turn: Turn) -> str:
+    """What the environment made of a turn: the parsed actions, validity and the turn's reward."""
+    actions = ", ".join(turn.actions) if turn.actions else "none"
+    checks = [] if turn.format_valid else ["format invalid"]
+    if turn.format_valid and not turn.actions_valid:
+        checks.append("an action was invalid")
+    return f"actions {actions}; {'; '.join(checks) + '; ' if checks else ''}reward {turn.reward:.3f}"
+
+
+def format_transcript(traj: Trajectory, tokenizer: PreTrainedTokenizerBase) -> str:
+    """The whole conversation of one episode as text: every prompt, model output and environment response.
+
+    A turn's prompt is shown as the text added after the previous turn's output when the context
+    grew by appending (the full history), else in full (rollout.context_turns cut the history).
+    """
+    lines = [f"=== {_episode_header(traj)}"]
+    if traj.error:
+        lines.append(f"environment error: {traj.error}")
+    previous: list[int] | None = None
+    for k, turn in enumerate(traj.turns, start=1):
+        if previous is not None and turn.prompt_ids[: len(previous)] == previous:
+            shown, what = turn.prompt_ids[len(previous):], f"prompt (the text added after turn {k - 1}'s output)"
+        else:
+            shown, what = turn.prompt_ids, "prompt (whole context, chat template included)"
+        lines += [f"--- turn {k}: {what}", tokenizer.decode(shown, skip_special_tokens=False),
+                  f"--- turn {k}: model output", turn.response_text,
+                  f"--- turn {k}: environment: {_feedback(turn)}"]
+        previous = list(turn.prompt_ids) + list(turn.response_ids)
+    return "\n".join(lines) + "\n"
+
+
+def short_transcript(traj: Trajectory, max_turns: int = 3, width: int = 160) -> str:
+    """A few terminal lines of one episode: the first state, then each turn's output and what it earned.
+
+    An output longer than `width` keeps its start and its end, where the answer is, around "...".
+    """
+
+    def cut(text: str) -> str:
+        text = " ".join(text.split())
+        head = width // 3
+        return text if len(text) <= width else text[:head] + " ... " + text[len(text) - (width - head - 5):]
+
+    lines = [_episode_header(traj)]
+    if traj.turns:
+        lines += ["  first state:", *("    " + line[:width] for line in traj.turns[0].observation.splitlines()[:10])]
+    for k, turn in enumerate(traj.turns[:max_turns], start=1):
+        lines += [f"  turn {k} output: {cut(turn.response_text)}", f"  turn {k} {_feedback(turn)}"]
+    hidden = len(traj.turns) - max_turns
+    if hidden > 0:
+        lines.append(f"  ({hidden} more turn{'' if hidden == 1 else 's'} in transcripts.txt)")
+    if traj.error:
+        lines.append(f"  environment error: {cut(traj.error)}")
+    return "\n".join(lines)
+
+
+# Episodes of `ragen2 eval` shown on the terminal, the first of the `samples` written.
+PRINTED_SAMPLES = 2
+
+
 def evaluate_cli(
     model: str,
     env_name: str,
@@ -100,8 +217,15 @@ def evaluate_cli(
     overrides: list[str],
     out: Path | None,
     compare_random: bool,
+    samples: int = 4,
 ) -> dict:
-    """`ragen2 eval`: evaluate a model (and a random agent) with the env's preset rollout settings."""
+    """`ragen2 eval`: evaluate a model (and a random agent) with the env's preset rollout settings.
+
+    Writes into `out` (default: a new `new_results_dir("eval", model, env_name)`) eval.json (the metrics),
+    and the first `samples` episodes twice: transcripts.txt (the conversations, to read) and
+    rollouts.jsonl (rollout records, for `ragen2 diagnose`). Returns the JSON written plus "table" and
+    "transcripts" (text for the terminal), "out" and "json_path".
+    """
     from ragen2.config import load_config, preset_names
     from ragen2.models.loading import load_policy
 
@@ -110,20 +234,35 @@ def evaluate_cli(
     cfg = dataclasses.replace(config.rollout, temperature=temperature)
     policy, tokenizer = load_policy(None if model == "tiny" else model, config.model.device, config.model.dtype)
     rows = {}
-    metrics, _ = evaluate(policy, tokenizer, env_name, config.env.kwargs, cfg, episodes)
+    seed = config.trainer.seed  # the same command gives the same episodes (trainer.seed=N for others)
+    torch.manual_seed(seed)
+    metrics, trajectories = evaluate(policy, tokenizer, env_name, config.env.kwargs, cfg, episodes)
     rows["policy"] = metrics
     if compare_random:
-        rows["uniform-random"] = random_agent(env_name, config.env.kwargs, episodes, cfg)
-    out = out or Path(f"eval-{env_name}.json")
+        rows["uniform-random"] = random_agent(env_name, config.env.kwargs, episodes, cfg, seed=seed)
+    if out is None:
+        out = new_results_dir("eval", model, env_name)
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+    sampled = trajectories[:samples]
     result = {
         "model": model,
         "env": env_name,
         "env_kwargs": config.env.kwargs,
         "episodes": episodes,
         "temperature": temperature,
+        "seed": seed,
         "device": str(policy.device),
         "results": rows,
+        "samples": len(sampled),
     }
-    out.write_text(json.dumps(result, indent=2))
+    json_path = out / "eval.json"
+    json_path.write_text(json.dumps(result, indent=2))
+    (out / "transcripts.txt").write_text("\n".join(format_transcript(t, tokenizer) for t in sampled), encoding="utf-8")
+    write_rollout_records(out / "rollouts.jsonl", sampled, tokenizer)
     title = f"{env_name}: {episodes} held-out seeds, temperature {temperature}, device {policy.device}"
-    return {"table": title + "\n" + format_table(rows), "json_path": out, **result}
+    shown = sampled[:PRINTED_SAMPLES]
+    text = (f"sample episodes ({len(shown)} of the {len(sampled)} in {out / 'transcripts.txt'}):\n\n"
+            + "\n\n".join(short_transcript(t) for t in shown)) if shown else ""
+    return {"table": title + "\n" + format_table(rows), "transcripts": text, "out": out, "json_path": json_path,
+            **result}

@@ -13,6 +13,7 @@ files and purged from TensorBoard, so every step appears exactly once after the 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import sys
@@ -25,6 +26,8 @@ from typing import Any, TextIO
 import numpy as np
 
 from ragen2.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
 EVENTS_FILE = "events.jsonl"
@@ -103,9 +106,10 @@ class Tracker:
     def log_event(self, kind: str, message: str, step: int, **data: Any) -> None:
         """Append a discrete event (an alarm, a skipped step, an early stop) to `events.jsonl`.
 
-        Events are rare and explain the curves, so the report draws them as vertical lines and
-        TensorBoard shows them as text under `events/<kind>`.
+        Events are rare and explain the curves, so the report draws them as vertical lines,
+        TensorBoard shows them as text under `events/<kind>`, and the terminal shows them as they happen.
         """
+        log.warning("%s", message if message.startswith(f"step {step}") else f"step {step}: {message}")
         record = {"step": int(step), "kind": kind, "message": message, "time": time.time(), **data}
         _append_line(self._events_file, record)
         if self._tensorboard:
@@ -306,29 +310,32 @@ class Progress:
         self._bar: Any = None
         console = Console(file=self._file)
         if enabled and console.is_interactive:
+            from rich.live import Live
             from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
             from rich.progress import Progress as RichProgress
             from rich.progress import TimeRemainingColumn
 
             self._bar = RichProgress(
-                TextColumn("[bold]train"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
+                TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                 TimeRemainingColumn(),
-                TextColumn("{task.fields[summary]}"),
-                console=console,
             )
-            self._task = self._bar.add_task("train", total=self.total, completed=self._start_step, summary="")
-            self._bar.start()
+            self._task = self._bar.add_task("train", total=self.total, completed=self._start_step)
+            self._live = Live(self._bar, console=console, refresh_per_second=4)
+            self._live.start()
 
     def update(self, step: int, **fields: float | None) -> None:
         """Report that `step` (1-based count of finished steps) is done, with its field values."""
         if not self.enabled:
             return
-        summary = "  ".join(f"{name} {_format_value(value)}" for name, value in fields.items())
+        items = [f"{name} {_format_value(value)}" for name, value in fields.items()]
+        summary = "  ".join(items)
         if self._bar is not None:
-            self._bar.update(self._task, completed=step, summary=summary)
+            from rich.columns import Columns
+            from rich.console import Group
+
+            self._bar.update(self._task, completed=step)
+            # The fields go below the bar, as columns that wrap whole: a narrow terminal does not cut them off.
+            self._live.update(Group(self._bar, Columns(items, padding=(0, 2))))
         elif step % self.every == 0 or step == self.total:
             done = step - self._start_step
             per_step = (time.monotonic() - self._start_time) / done if done > 0 else float("nan")
@@ -337,7 +344,7 @@ class Progress:
     def close(self) -> None:
         """Stop the live bar (leaving its last state on screen). Safe to call twice."""
         if self._bar is not None:
-            self._bar.stop()
+            self._live.stop()
             self._bar = None
 
     def __enter__(self) -> Progress:

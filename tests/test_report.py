@@ -1,22 +1,47 @@
-"""The run report: figures for the metrics a run logged, none for those it did not, and an HTML
-page that references them; plus the metric glossary in docs/metrics.md that the keys follow."""
+"""The run report: figures and panels for the metrics a run logged, none for those it did not, and
+an HTML page that references them; several runs overlaid; plus the metric glossary in
+docs/metrics.md that the keys follow."""
 
 from __future__ import annotations
 
 import fnmatch
+import importlib.util
+import json
 import math
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
+import pytest
+from PIL import Image
+from matplotlib.container import BarContainer, ErrorbarContainer
 from matplotlib.figure import Figure
 from matplotlib.image import imread
 
-from ragen2.report import FIGURES, SUMMARY_KEYS, Metrics, write_report
+from ragen2.cli import main
+from ragen2.report import (
+    FIGURES,
+    SUMMARY_KEYS,
+    Metrics,
+    config_differences,
+    default_out_dir,
+    eval_success_stderr,
+    generation_throughput,
+    load_runs,
+    moving_average,
+    timing_stack,
+    write_report,
+)
 from ragen2.tracking import Tracker, read_metrics
 
-METRICS_DOC = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
-ALL_FIGURES = {"reward", "success", "collapse", "entropy", "kl", "response_length", "filter", "grad_snr", "timing"}
+ROOT = Path(__file__).resolve().parents[1]
+METRICS_DOC = ROOT / "docs" / "metrics.md"
+FILTER_RUNS = ROOT / "results" / "runs" / "filter_sokoban"  # committed runs of `ragen2 sweep`
+ALL_FIGURES = {"reward", "success", "collapse", "entropy", "kl", "response_length", "filter", "loss", "grad_norm", "lr",
+               "clipfrac", "approx_kl", "throughput", "grad_snr", "timing"}
+CONFIG = "algo:\n  name: {algo}\nfilter:\n  value: 0.9\nrollout:\n  num_groups: 2\n  group_size: 4\n" \
+         "trainer:\n  eval_episodes: 16\n"
 
 
 def documented_metric_keys(path: Path = METRICS_DOC) -> set[str]:
@@ -29,12 +54,12 @@ def is_documented(key: str, documented: set[str]) -> bool:
     return any(re.fullmatch(re.escape(doc).replace(r"\{i\}", r"\d+"), key) for doc in documented)
 
 
-def _write_run(run_dir: Path, steps: int = 40, grad_snr: bool = True) -> None:
-    """A run shaped like a real one: collapse proxies every 5 steps, evaluation every 10,
-    a gradient-SNR probe at 10 and 20, an alarm and an early stop."""
+def _write_run(run_dir: Path, steps: int = 40, grad_snr: bool = True, algo: str = "grpo") -> None:
+    """A run shaped like a real one: collapse proxies every 5 steps, evaluation every 10 (16
+    episodes), a gradient-SNR probe at 10 and 20, an alarm and an early stop; PPO adds the value loss."""
     rng = np.random.default_rng(0)
     (run_dir / "config.yaml").parent.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text("algo:\n  name: grpo\nfilter:\n  value: 0.9\n")
+    (run_dir / "config.yaml").write_text(CONFIG.format(algo=algo))
     with Tracker(run_dir, {}, tensorboard=False) as tracker:
         for step in range(1, steps + 1):
             t = step / steps
@@ -48,11 +73,20 @@ def _write_run(run_dir: Path, steps: int = 40, grad_snr: bool = True) -> None:
                 "filter/kept_ratio": 1 - 0.4 * t,
                 "train/entropy": 1.2 + rng.normal(0, 0.02),
                 "train/kl": 0.01 * step,
+                "train/policy_loss": rng.normal(0, 0.1),
+                "train/grad_norm": 1.0 + rng.uniform(0, 0.2),
+                "train/lr": 1e-4 * min(1.0, step / 5),
+                "train/clipfrac": 0.05 * t,
+                "train/dual_clipfrac": 0.0,
+                "train/approx_kl": 0.002 * t,
+                "rollout/turns_mean": 3.0,
                 "timing_s/rollout": 3.0,
                 "timing_s/generate": 2.2,
                 "timing_s/update": 1.5,
                 "timing_s/step": 5.0 + rng.uniform(0, 0.5),
             }
+            if algo == "ppo":
+                m["train/value_loss"] = 2.0 - t
             if step == 1 or step % 5 == 0:
                 for prefix, scale in (("collapse_first_turn", 1.0), ("collapse_trajectory", 0.7)):
                     m[f"{prefix}/retrieval_acc"] = scale * (1 - 0.8 * t)
@@ -61,6 +95,7 @@ def _write_run(run_dir: Path, steps: int = 40, grad_snr: bool = True) -> None:
             if step % 10 == 0:
                 m["eval/success_rate"] = 0.7 * t
                 m["eval/return_mean"] = 1.8 * t
+                m["eval/episodes"] = 16
             if grad_snr and step in (10, 20):
                 for b in range(6):
                     m[f"grad_snr/bucket{b}/rv_mean"] = 0.05 * b
@@ -70,6 +105,18 @@ def _write_run(run_dir: Path, steps: int = 40, grad_snr: bool = True) -> None:
             tracker.log(step, m)
         tracker.log_event("alarm", "MI-ZScore-EMA fell below 1", step=25)
         tracker.log_event("early_stop", "reward variance collapsed", step=steps)
+
+
+def _draw(name: str, run_dirs: list[Path], smooth: int = 0) -> Figure:
+    """Figure `name` of these runs, drawn the way `write_report` draws it."""
+    fig = Figure(layout="constrained")
+    next(s for s in FIGURES if s.name == name).draw(fig, load_runs(run_dirs), smooth)
+    return fig
+
+
+def _labelled(ax) -> list[str]:
+    """Labels of the lines of `ax` that have a legend entry, in drawing order (event lines left out)."""
+    return [label for line in ax.get_lines() if not (label := line.get_label()).startswith(("_", "event: "))]
 
 
 def test_report_draws_every_figure_and_references_them(tmp_path: Path) -> None:
@@ -108,9 +155,7 @@ def test_figures_without_metrics_are_skipped_and_listed(tmp_path: Path) -> None:
 
 def test_grad_snr_figure_shows_the_latest_probe(tmp_path: Path) -> None:
     _write_run(tmp_path, steps=25)
-    spec = next(s for s in FIGURES if s.name == "grad_snr")
-    fig = Figure()
-    spec.draw(fig, Metrics(read_metrics(tmp_path)), [])
+    fig = _draw("grad_snr", [tmp_path])
     (ax,) = fig.axes
     task, kl, entropy = ax.containers
     assert [bar.get_height() for bar in task] == [2.0 * b for b in range(6)]  # the step-20 probe
@@ -143,7 +188,219 @@ def test_checks_without_proxies_are_skipped_and_summarised_as_na(tmp_path: Path)
     assert (f"<td>{p}/retrieval_acc</td><td class=n>n/a (1 pair)</td><td class=n>10</td>"
             "<td class=n>0.75</td><td class=n>5</td>") in html
     assert f"<td>{p}/mi_zscore_ema</td><td class=n>n/a (1 pair)</td><td class=n>10</td>" in html
-    fig = Figure()
-    next(s for s in FIGURES if s.name == "collapse").draw(fig, Metrics(read_metrics(tmp_path)), [])
-    lines = {line.get_label(): line for line in fig.axes[0].get_lines()}
+    lines = {line.get_label(): line for line in _draw("collapse", [tmp_path]).axes[0].get_lines()}
     assert list(lines["first turn"].get_xdata()) == [5] and list(lines["first turn"].get_ydata()) == [0.75]
+
+
+def test_panels_exist_for_the_metrics_logged(tmp_path: Path) -> None:
+    """GRPO logs no value loss: the loss figure has the policy panel only; PPO adds the value panel.
+    A run without the optimiser's metrics gets none of those figures."""
+    _write_run(tmp_path / "grpo", steps=12, grad_snr=False)
+    _write_run(tmp_path / "ppo", steps=12, grad_snr=False, algo="ppo")
+    assert [ax.get_ylabel() for ax in _draw("loss", [tmp_path / "grpo"]).axes] == ["policy loss"]
+    assert [ax.get_ylabel() for ax in _draw("loss", [tmp_path / "ppo"]).axes] == ["policy loss", "value loss"]
+    assert [ax.get_ylabel() for ax in _draw("loss", [tmp_path / "grpo", tmp_path / "ppo"]).axes] == [
+        "policy loss", "value loss"]
+    (clip,) = _draw("clipfrac", [tmp_path / "grpo"]).axes
+    assert _labelled(clip) == ["ratio clipped", "dual clip"]
+
+    with Tracker(tmp_path / "bare", {}, tensorboard=False) as tracker:
+        tracker.log(1, {"rollout/return_mean": 1.0, "timing_s/step": 2.0})
+    html = write_report(tmp_path / "bare").read_text()
+    assert {p.stem for p in (tmp_path / "bare" / "figures").glob("*.png")} == {"reward", "timing"}
+    for key in ("train/policy_loss", "train/grad_norm", "train/lr", "train/clipfrac", "train/approx_kl",
+                "timing_s/generate"):
+        assert f"<code>{key}</code>" in html
+
+
+def test_eval_error_bars_are_binomial_standard_errors(tmp_path: Path) -> None:
+    """n is the step's eval/episodes, else trainer.eval_episodes from config.yaml; the figure's bars span ± SE."""
+    (tmp_path / "config.yaml").write_text("trainer:\n  eval_episodes: 4\n")
+    with Tracker(tmp_path, {}, tensorboard=False) as tracker:
+        tracker.log(0, {"eval/success_rate": 0.25, "eval/episodes": 16})
+        tracker.log(5, {"eval/success_rate": 0.5})  # no episode count: the config's 4
+        tracker.log(10, {"eval/success_rate": 1.0, "eval/episodes": 16})
+    (run,) = load_runs([tmp_path])
+    expected = [math.sqrt(0.25 * 0.75 / 16), 0.25, 0.0]
+    assert eval_success_stderr(run) == pytest.approx(expected)
+
+    (ax,) = _draw("success", [tmp_path]).axes
+    (bars,) = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+    assert bars.get_label() == "eval (held-out seeds) ± SE"
+    segments = bars.lines[2][0].get_segments()
+    assert [seg[1][1] - seg[0][1] for seg in segments] == pytest.approx([2 * e for e in expected])
+
+    (tmp_path / "config.yaml").unlink()
+    (run,) = load_runs([tmp_path])
+    assert np.isnan(eval_success_stderr(run)[1])  # no n at step 5: no bar there, not a bar of 0
+
+
+def test_eval_error_bars_match_what_the_trainer_logged() -> None:
+    """On committed runs of the trainer, the report's SE equals the logged eval/success_stderr."""
+    (run,) = load_runs([FILTER_RUNS / "algo.name=grpo__filter=none__seed=0"])
+    steps, logged = run.metrics.series("eval/success_stderr")
+    assert len(steps) == 5 and eval_success_stderr(run) == pytest.approx(logged)
+
+
+def test_overlay_of_two_committed_runs(tmp_path: Path) -> None:
+    """Filter against no filter: one report, one line per run in each line panel, labelled by run
+    directory; the timing figure has a panel per run; the page names the config keys that differ."""
+    runs = [FILTER_RUNS / "algo.name=ppo__filter=none__seed=0", FILTER_RUNS / "algo.name=ppo__filter=paper__seed=0"]
+    names = [r.name for r in runs]
+    html = write_report(runs, tmp_path / "overlay").read_text()
+
+    drawn = {p.stem for p in (tmp_path / "overlay" / "figures").glob("*.png")}
+    assert drawn == ALL_FIGURES - {"kl", "grad_snr"}  # the sweep ran without a KL term or a probe
+    assert not any((r / "report.html").exists() or (r / "figures").exists() for r in runs)
+    for name in ("entropy", "grad_norm", "lr", "approx_kl", "throughput", "response_length"):
+        (ax,) = _draw(name, runs).axes
+        assert _labelled(ax) == names, name
+        assert [line.get_color() for line in ax.get_lines()] == ["C0", "C1"], name
+    loss = _draw("loss", runs)
+    assert [_labelled(ax) for ax in loss.axes] == [names, names]
+    (success,) = _draw("success", runs).axes
+    assert len([c for c in success.containers if isinstance(c, ErrorbarContainer)]) == 2
+    assert _labelled(success) == [*names, "rollout (training episodes)", "eval (held-out seeds) ± SE"]
+    assert [ax.get_title() for ax in _draw("timing", runs).axes] == [f"Time per phase: {n}" for n in names]
+
+    assert config_differences(load_runs(runs)) == {"filter.include_zero": [True, False],
+                                                   "filter.strategy": ["none", "top_p"]}
+    assert "<h3>Config keys that differ</h3>" in html and "<code>&quot;top_p&quot;</code>" in html
+    assert html.count("<th colspan=2>") == 2  # one summary table, a column pair per run
+    assert "Sample trajectories" not in html  # the committed runs keep no rollouts
+
+
+def test_moving_average_by_hand(tmp_path: Path) -> None:
+    assert list(moving_average(np.array([1.0, 2, 3, 4, 5, 6]), 3)) == [1.0, 1.5, 2.0, 3.0, 4.0, 5.0]
+    assert list(moving_average(np.array([4.0, 0, 8]), 1)) == [4.0, 0.0, 8.0]
+    with Tracker(tmp_path, {}, tensorboard=False) as tracker:
+        for step, value in enumerate([1.0, 2, 3, 4, 5, 6], start=1):
+            tracker.log(step, {"train/grad_norm": value})
+    (ax,) = _draw("grad_norm", [tmp_path], smooth=3).axes
+    raw, smoothed = ax.get_lines()
+    assert list(raw.get_ydata()) == [1, 2, 3, 4, 5, 6] and raw.get_alpha() == 0.25 and raw.get_label().startswith("_")
+    assert list(smoothed.get_ydata()) == [1.0, 1.5, 2.0, 3.0, 4.0, 5.0]
+    assert smoothed.get_label() == "actor, before clipping"
+    assert "moving averages over the last 3 logged points" in write_report(tmp_path, smooth=3).read_text()
+    with pytest.raises(ValueError, match="smooth"):
+        write_report(tmp_path, smooth=-1)
+
+
+def test_timing_bars_stack_the_phases(tmp_path: Path) -> None:
+    """Each step's bar is its phases stacked: generate under the rest of the rollout, then the other
+    phases in the order a step runs them; a phase run every few steps is a segment at those steps only."""
+    with Tracker(tmp_path, {}, tensorboard=False) as tracker:
+        tracker.log(0, {"timing_s/evaluate": 4.0})
+        tracker.log(1, {"timing_s/rollout": 3.0, "timing_s/generate": 2.0, "timing_s/update": 1.5,
+                        "timing_s/collapse": 0.5, "timing_s/step": 5.0})
+        tracker.log(2, {"timing_s/rollout": 2.5, "timing_s/generate": 2.0, "timing_s/update": 1.0,
+                        "timing_s/evaluate": 4.0, "timing_s/step": 9.0})  # 1.5 s no phase accounts for
+    steps, stack = timing_stack(Metrics(read_metrics(tmp_path)))
+    assert list(steps) == [0, 1, 2]
+    assert list(stack) == ["generate", "rollout (excl. generate)", "collapse", "update", "evaluate",
+                           "other (step − phases)"]
+    (ax,) = _draw("timing", [tmp_path]).axes
+    bars = {c.get_label(): c for c in ax.containers if isinstance(c, BarContainer)}
+    assert list(bars) == list(stack)
+    heights = {name: {int(b.get_x() + b.get_width() / 2 + 0.5): b.get_height() for b in c} for name, c in bars.items()}
+    assert heights == {"generate": {1: 2.0, 2: 2.0}, "rollout (excl. generate)": {1: 1.0, 2: 0.5},
+                       "collapse": {1: 0.5}, "update": {1: 1.5, 2: 1.0}, "evaluate": {0: 4.0, 2: 4.0},
+                       "other (step − phases)": {2: 1.5}}
+    tops = {}
+    for container in bars.values():
+        for b in container:
+            step = int(b.get_x() + b.get_width() / 2 + 0.5)
+            assert b.get_y() == pytest.approx(tops.get(step, 0.0))  # each segment sits on the one below
+            tops[step] = b.get_y() + b.get_height()
+    assert tops == pytest.approx({0: 4.0, 1: 5.0, 2: 9.0})
+
+
+def test_throughput_by_hand(tmp_path: Path) -> None:
+    """Tokens per turn × turns × P × G over the generation time: 10 × 3 × 2 × 4 / 2 s = 120 tokens/s."""
+    (tmp_path / "config.yaml").write_text(CONFIG.format(algo="grpo"))
+    with Tracker(tmp_path, {}, tensorboard=False) as tracker:
+        tracker.log(1, {"rollout/response_tokens_mean": 10, "rollout/turns_mean": 3, "timing_s/generate": 2.0})
+        tracker.log(2, {"rollout/response_tokens_mean": 5, "rollout/turns_mean": 2})  # no generation time
+    steps, values = generation_throughput(load_runs([tmp_path])[0])
+    assert list(steps) == [1] and list(values) == [120.0]
+    (tmp_path / "config.yaml").unlink()  # no P and G: no throughput figure, and the page says what it needed
+    html = write_report(tmp_path).read_text()
+    assert not (tmp_path / "figures" / "throughput.png").exists()
+    assert "rollout.num_groups and rollout.group_size in config.yaml" in html
+
+
+def _write_rollouts(run_dir: Path, step: int, text: str) -> None:
+    """Two turns of one episode in the trainer's rollout-record format (`write_rollout_records`)."""
+    first = f"<sys>Turn 1: {text}<think>"
+    records = [
+        {"group": 7, "prompt": first, "reasoning": "r0", "response": "r0</think><answer>Up</answer>",
+         "reward": -0.1, "episode": 0, "turn": 0},
+        {"group": 7, "prompt": first + "r0</think><answer>Up</answer><end>Turn 2: box moved<think>",
+         "reasoning": "r1", "response": "r1</think><answer>Left</answer>", "reward": 10.9, "episode": 0, "turn": 1},
+    ]
+    (run_dir / "rollouts").mkdir(parents=True, exist_ok=True)
+    (run_dir / "rollouts" / f"step_{step}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_sample_trajectories_are_escaped_and_collapsible(tmp_path: Path) -> None:
+    """The first and the last evaluation's episodes, each a <details>; a turn shows only what its
+    context added since the turn before; every text is escaped."""
+    with Tracker(tmp_path, {}, tensorboard=False) as tracker:
+        tracker.log(1, {"train/entropy": 1.0})
+    for step in (0, 10, 20):
+        _write_rollouts(tmp_path, step, f"<script>alert({step})</script>")
+    html = write_report(tmp_path).read_text()
+    assert "<script>" not in html and "&lt;script&gt;alert(0)&lt;/script&gt;" in html
+    assert "alert(20)" in html and "alert(10)" not in html
+    assert html.count("<details>") == 2
+    assert "<summary>step 0, episode 0 (seed 7): 2 turns, return 10.8</summary>" in html
+    assert "<pre>&lt;end&gt;Turn 2: box moved&lt;think&gt;</pre>" in html  # the new part of turn 1's context
+    assert "<pre class=response>r1&lt;/think&gt;&lt;answer&gt;Left&lt;/answer&gt;</pre>" in html
+
+
+def test_report_cli_overlays_runs_where_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """`ragen2 report A B` writes report-A-vs-B/ in the working directory; --out elsewhere; a missing
+    run among several fails on that one, with the one-run message."""
+    for name in ("a", "b"):  # two metrics only, so that the report draws two figures, not all of them
+        with Tracker(tmp_path / "runs" / name, {}, tensorboard=False) as tracker:
+            for step in range(1, 4):
+                tracker.log(step, {"train/policy_loss": 0.1 * step, "train/value_loss": 1.0 / step})
+    monkeypatch.chdir(tmp_path)
+    assert main(["report", "runs/a", "runs/b", "--smooth", "2"]) == 0
+    assert capsys.readouterr().out.strip() == "wrote report-a-vs-b/report.html"
+    html = (tmp_path / "report-a-vs-b" / "report.html").read_text()
+    assert "ragen2 report: a vs b" in html and (tmp_path / "report-a-vs-b" / "figures" / "loss.png").is_file()
+    assert not (tmp_path / "runs" / "a" / "report.html").exists()
+
+    assert main(["report", "runs/a", "runs/b", "--out", "cmp"]) == 0
+    assert (tmp_path / "cmp" / "report.html").is_file()
+    assert default_out_dir([Path("runs/a"), Path("runs/b"), Path("x/c")]) == Path("report-a-vs-b-and-1-more")
+    assert default_out_dir([Path("runs/a")]) == Path("runs/a")
+
+    assert main(["report", "runs/a", "runs/nope"]) == 2
+    assert "ragen2 report runs/nope: no such directory" in capsys.readouterr().err
+    assert main(["report", "runs/a", "--smooth", "-1"]) == 2
+    assert "--smooth -1" in capsys.readouterr().err
+
+
+def _screenshot_module():
+    spec = importlib.util.spec_from_file_location("screenshot_report", ROOT / "scripts" / "screenshot_report.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_screenshot_crops_the_blank_rows_below_the_page(tmp_path: Path) -> None:
+    shot = _screenshot_module()
+    image = Image.new("RGB", (100, 300), "white")
+    image.paste((0, 0, 0), (10, 10, 40, 50))
+    assert shot.crop_blank_bottom(image, margin=16).size == (100, 66)
+    if not any(shutil.which(b) for b in shot.BROWSERS):
+        pytest.skip("no Chromium here: the page itself is not rendered")
+    with Tracker(tmp_path / "run", {}, tensorboard=False) as tracker:
+        tracker.log(1, {"train/grad_norm": 1.0})
+    page = write_report(tmp_path / "run")
+    argv = [str(page), str(tmp_path / "shot.png"), "--width", "800", "--height", "3000", "--scale", "0.5"]
+    assert shot.main(argv) == 0
+    rendered = Image.open(tmp_path / "shot.png")
+    assert rendered.width == 400 and 100 < rendered.height < 1500  # the page's end, not the window's

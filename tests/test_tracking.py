@@ -5,6 +5,10 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
+import pty
+import re
+import select
 import sys
 import time
 import types
@@ -206,3 +210,32 @@ def test_progress_disabled_prints_nothing() -> None:
         for step in range(1, 4):
             progress.update(step, reward=1.0)
     assert out.getvalue() == ""
+
+
+def test_progress_on_a_narrow_terminal_keeps_every_field_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a 40-column terminal the bar fits and the fields wrap below it, each name with its value."""
+    monkeypatch.setenv("COLUMNS", "40")
+    monkeypatch.delenv("TERM", raising=False)
+    master, slave = pty.openpty()
+    with os.fdopen(slave, "w") as terminal, Progress(total=2, file=terminal) as progress:
+        assert progress._bar is not None  # a terminal gets the live bar, not summary lines
+        for step in (1, 2):
+            progress.update(step, reward=7.725, success=0.75, entropy=0.06652, eval_success=0.5)
+    screen = b""
+    while select.select([master], [], [], 0.2)[0]:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # the terminal's other end is closed: everything has been read
+            break
+        if not chunk:
+            break
+        screen += chunk
+    os.close(master)
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.decode())
+    last = [line.rstrip() for line in text.replace("\r", "\n").splitlines() if line.strip()][-3:]
+    assert last[0].startswith("train ") and "2/2" in last[0]
+    assert all(len(line) <= 40 for line in last)
+    fields = " ".join(last[1:]).split()
+    assert fields == ["reward", "7.725", "success", "0.75", "entropy", "0.06652", "eval_success", "0.5"]
+    assert any(line.split()[:2] == ["eval_success", "0.5"] or line.split()[-2:] == ["eval_success", "0.5"]
+               for line in last[1:])

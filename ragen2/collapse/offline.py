@@ -44,6 +44,7 @@ from ragen2.collapse.metrics import MARGINALS, MIN_PAIRS, mi_metrics, proxies_un
 from ragen2.collapse.online import RECALL_KS
 from ragen2.collapse.scoring import score_matrix
 from ragen2.errors import ConfigError, RolloutFormatError
+from ragen2.evaluate import new_results_dir
 from ragen2.models.loading import DTYPES, check_model_path, resolve_device, resolve_model_path
 
 FORMATS = ("auto", "records", "ragen2", "trl", "verl")
@@ -623,7 +624,8 @@ def diagnose_cli(
     marginal: str = "mixture",
     max_reasoning_tokens: int | None = 512,
 ) -> dict[str, Any]:
-    """`ragen2 diagnose`: read, score, write `diagnose.json` and `heatmap.png` under `out`.
+    """`ragen2 diagnose`: read, score, write `diagnose.json` and `heatmap.png` under `out`
+    (default: a new diagnose/<file name>-<time>/, named by `new_results_dir` as eval's directories are).
 
     Each reasoning is cut to its first `max_reasoning_tokens` tokens (None or 0: no cap), which
     bounds the memory of scoring; the number cut is reported.
@@ -639,8 +641,11 @@ def diagnose_cli(
     model, tokenizer = load_scoring_model(model_path, device, dtype)
     result = diagnose(rollouts, model, tokenizer, scheme, num_samples, seed, micro_batch_size, marginal,
                       max_reasoning_tokens)
-    out = Path(out) if out is not None else Path(f"diagnose-{Path(path).stem}")
-    out.mkdir(parents=True, exist_ok=True)
+    if out is None:
+        out = new_results_dir("diagnose", path)
+    else:
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
     m = result.metrics
     def shown(key: str, spec: str) -> str:
         return f"{m[key]:{spec}}" if math.isfinite(m[key]) else "n/a"  # `format` is a parameter here

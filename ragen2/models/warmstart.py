@@ -191,7 +191,7 @@ def warmstart(
     out = Path(out_dir) if out_dir is not None else cache_path(config)
     if out.exists() and not force:
         if _stored_key(out) == config.key():
-            log.info("warm start: reusing %s", out)
+            log.debug("warm start: reusing %s", out)
             return out
         if any(out.iterdir()):
             raise ConfigError(

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import math
 import os
@@ -43,7 +42,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,11 +57,11 @@ from ragen2.agent.rollout import stable_seed
 from ragen2.agent.vllm_backend import VLLMBackend
 from ragen2.collapse.alarm import AlarmDecision
 from ragen2.collapse.grad_snr import grad_snr_probe, group_reward_variance
-from ragen2.collapse.online import OnlineDiagnostics, summary_rows
-from ragen2.config import Config, save_config, to_dict, validate
+from ragen2.collapse.online import SCHEMES, OnlineDiagnostics, summary_rows
+from ragen2.config import Config, config_from_file, save_config, to_dict, validate
 from ragen2.envs import EVAL_SEED_OFFSET
 from ragen2.errors import CheckpointError, ConfigError, DivergedError
-from ragen2.evaluate import evaluate
+from ragen2.evaluate import evaluate, write_rollout_records
 from ragen2.filtering import group_stats, loss_scale, select_groups, select_trajectories
 from ragen2.models.loading import check_model_dir, check_model_path, load_policy, resolve_device, resolve_model_path
 from ragen2.rl import distributed, fsdp
@@ -180,6 +179,7 @@ def training_step(run: Run, step: int, interrupts: _Interrupts) -> dict[str, flo
     timer = _PhaseTimer()
     with timer("rollout"):
         trajectories, metrics = rollout_phase(run, step)
+    save_training_samples(run, step, trajectories)
     if run.diagnostics.should_run(step):
         with timer("collapse"):
             metrics |= diagnose_phase(run, trajectories, step)
@@ -258,6 +258,23 @@ def rollout_phase(run: Run, step: int) -> tuple[list[Trajectory], dict[str, floa
         "timing_s/generate": stats.generate_s,
     }
     return trajectories, metrics
+
+
+def save_training_samples(run: Run, step: int, trajectories: list[Trajectory]) -> None:
+    """Every `logging.sample_every` steps rank 0 writes `logging.sample_trajectories` of the step's training
+    episodes, rewards included, to rollouts/train_step_N.jsonl.
+
+    They are taken one group at a time (episode 0 of each group, then episode 1, ...) so that a few samples
+    cover several inputs, as `ragen2 diagnose` needs. Nothing here draws a random number: the run trains
+    the same with or without it. Every rank holds the gathered batch, so no collective is needed.
+    """
+    every = run.config.logging.sample_every
+    if every == 0 or step % every or not distributed.is_main():
+        return
+    G = run.config.rollout.group_size
+    order = sorted(range(len(trajectories)), key=lambda i: (i % G, i // G))
+    picked = [trajectories[i] for i in order[: run.config.logging.sample_trajectories]]
+    write_rollout_records(run.run_dir / "rollouts" / f"train_step_{step}.jsonl", picked, run.tokenizer)
 
 
 def make_backend(run: Run) -> GenerationBackend:
@@ -529,8 +546,7 @@ def _save(run: Run, step: int, gathered: dict[str, dict] | None = None) -> None:
 
 
 def collapse_alarm(run: Run, alarm: AlarmDecision) -> None:
-    """The template-collapse alarm fired: warn, record it, and with `collapse.alarm=stop` end after this step."""
-    log.warning("step %d: %s", alarm.step, alarm.message)
+    """The template-collapse alarm fired: record it (the tracker prints it), and with `collapse.alarm=stop` end after this step."""
     run.tracker.log_event("collapse_alarm", alarm.message, alarm.step, **alarm.data)
     if alarm.stop:
         run.stop_reason = f"template-collapse alarm (collapse.alarm=stop): {alarm.message}"
@@ -628,6 +644,9 @@ def setup(config: Config, resume_dir: Path | None = None) -> Run:
         raise ConfigError("model.fsdp=true shards over several processes: launch with torchrun or accelerate "
                           "(docs/scaling.md), or set model.fsdp=false for one process")
     checkpoint = load_checkpoint(resume_dir) if resume_dir is not None else None
+    if checkpoint is not None and checkpoint.step > config.trainer.total_steps:
+        raise ConfigError(f"trainer.total_steps={config.trainer.total_steps} is below the step of the checkpoint "
+                          f"to resume ({checkpoint.path}, step {checkpoint.step}): give a larger value")
     # Files are checked before a run directory exists: a run that cannot start leaves nothing behind.
     if checkpoint is not None:
         _check_checkpoint_models(checkpoint, config)
@@ -652,12 +671,15 @@ def setup(config: Config, resume_dir: Path | None = None) -> Run:
 
 def _build_run(config: Config, run_dir: Path, checkpoint: Checkpoint | None) -> Run:
     """`setup` once the run directory exists: config.yaml, models, optimizers, tracker, restored state."""
-    if checkpoint is None and distributed.is_main():
-        save_config(config, run_dir / "config.yaml")
+    saved = None  # the saved trainer.total_steps of a resumed run (rank 0 reads it)
     if distributed.is_main():
-        log.info("run directory: %s\nresolved config:\n%s", run_dir, yaml.safe_dump(to_dict(config), sort_keys=False))
-    torch.manual_seed(config.trainer.seed)  # initialisation of new heads and adapters
+        saved = config_from_file(run_dir / "config.yaml").trainer.total_steps if checkpoint is not None else None
+        save_config(config, run_dir / "config.yaml")  # on resume, the same config, or a new trainer.total_steps
     device = resolve_device(config.model.device)
+    if distributed.is_main():
+        log.info("%s", run_header(config, run_dir, device))
+        log.debug("resolved config:\n%s", yaml.safe_dump(to_dict(config), sort_keys=False))
+    torch.manual_seed(config.trainer.seed)  # initialisation of new heads and adapters
     policy, tokenizer = _load_trainable_policy(config, device, checkpoint)
     critic = None
     if config.algo.name == "ppo":
@@ -694,7 +716,22 @@ def _build_run(config: Config, run_dir: Path, checkpoint: Checkpoint | None) -> 
               reference, EarlyStopGuards(config.early_stop), trainee=trainee)
     if checkpoint is not None:
         _restore(run, checkpoint)
+        if saved is not None and saved != config.trainer.total_steps:
+            run.tracker.log_event("total_steps_changed", f"trainer.total_steps {saved} -> "
+                                  f"{config.trainer.total_steps} on resume from step {checkpoint.step}", checkpoint.step)
     return run
+
+
+def run_header(config: Config, run_dir: Path, device: torch.device) -> str:
+    """The few lines a run starts with: what trains, on what, and where its files go (the rest is in config.yaml)."""
+    f, r, m = config.filter, config.rollout, config.model
+    filtering = "none" if f.strategy == "none" else f"{f.strategy} {f.value:g}"
+    filtering += "" if f.include_zero else " (zero-variance groups dropped)"
+    lora = f", LoRA rank {m.lora_rank}" if m.lora_rank > 0 else ""
+    steps = f"{config.trainer.total_steps} steps of {r.num_groups} groups x {r.group_size}"
+    return (f"run {run_dir}: {config.env.name}, {config.algo.name}, filter {filtering}; "
+            f"model {m.path or 'tiny (built-in)'}{lora} on {device}; {steps}\n"
+            f"  config: {run_dir / 'config.yaml'} (printed with -v)")
 
 
 def _check_checkpoint_models(checkpoint: Checkpoint, config: Config) -> None:
@@ -837,48 +874,24 @@ def lr_factor(step: int, warmup_steps: int, schedule: str, total_steps: int) -> 
     return 1.0
 
 
-def write_rollout_records(path: Path, trajectories: list[Trajectory], tokenizer: PreTrainedTokenizerBase) -> None:
-    """One JSON object per turn, in the rollout-record format `ragen2 diagnose` reads (DESIGN §4).
-
-    `group` is the environment seed (turns of the same input share it); `prompt` is the
-    full context the model saw, chat template included.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        for episode, traj in enumerate(trajectories):
-            for turn_index, turn in enumerate(traj.turns):
-                record = {
-                    "group": traj.seed,
-                    "prompt": tokenizer.decode(turn.prompt_ids, skip_special_tokens=False),
-                    "reasoning": turn.reasoning,
-                    "response": turn.response_text,
-                    "reward": turn.reward,
-                    "episode": episode,
-                    "turn": turn_index,
-                }
-                f.write(json.dumps(record) + "\n")
-
-
 def summary_table(run: Run) -> str:
-    """The end-of-run table the CLI prints, read back from metrics.jsonl (so resumed runs are whole)."""
+    """The end-of-run table the CLI prints, read back from metrics.jsonl (so resumed runs are whole).
+
+    A fixed-width block gives first, last and peak of the main metrics with standard errors (docs/metrics.md,
+    "The end-of-run summary table"); name / value rows follow, the filter's mean kept ratio among them.
+    """
     records = read_metrics(run.run_dir)
 
     def series(key: str) -> list[tuple[int, float]]:
         return [(r["step"], r[key]) for r in records if r.get(key) is not None]
 
-    evals, train_success = series("eval/success_rate"), series("rollout/success_rate")
-    step_times, memory = series("timing_s/step"), series("system/peak_memory_mb")
-    rows = [("steps", f"{run.step} / {run.config.trainer.total_steps}")]
-    if evals:
-        first, final = evals[0], evals[-1]
-        peak = max(evals, key=lambda sv: sv[1])
-        rows += [
-            ("eval success (start)", f"{first[1]:.3f} (step {first[0]})"),
-            ("eval success (final)", f"{final[1]:.3f} (step {final[0]})"),
-            ("eval success (peak)", f"{peak[1]:.3f} (step {peak[0]})"),
-        ]
-    if train_success:
-        rows.append(("train success (final)", f"{train_success[-1][1]:.3f}"))
+    kept, step_times, memory = series("filter/kept_ratio"), series("timing_s/step"), series("system/peak_memory_mb")
+    trends = _trend_rows(records, run.config.rollout.num_groups * run.config.rollout.group_size)
+    rows = []
+    if kept:
+        ratios = [v for _, v in kept]
+        rows.append(("filter kept ratio", f"mean {np.mean(ratios):.3f} over {len(ratios)} steps "
+                                          f"(min {min(ratios):.3f}, max {max(ratios):.3f})"))
     if step_times:
         rows.append(("mean step time", f"{np.mean([v for _, v in step_times]):.1f} s"))
     if memory:
@@ -887,8 +900,70 @@ def summary_table(run: Run) -> str:
     rows.append(("run dir", str(run.run_dir)))
     if run.stop_reason:
         rows.append(("stopped early", run.stop_reason))
-    width = max(len(name) for name, _ in rows)
-    return "\n".join(f"{name.ljust(width)}  {value}" for name, value in rows)
+    steps = ("steps", f"{run.step} / {run.config.trainer.total_steps}")
+    width = max(len(name) for name, _ in [steps, *rows, *trends])
+    lines = [f"{steps[0].ljust(width)}  {steps[1]}"]
+    if trends:
+        block = [("", ["first (step)", "last (step)", "peak (step)"]), *trends]
+        cell = max(len(c) for _, cells in block for c in cells)
+        lines += ["  ".join([name.ljust(width), *(c.ljust(cell) for c in cells)]).rstrip() for name, cells in block]
+    return "\n".join(lines + [f"{name.ljust(width)}  {value}" for name, value in rows])
+
+
+def _binomial_se(p: float, n: float | None) -> float | None:
+    """sqrt(p (1 - p) / n), the standard error of a rate over n independent trials; None without n."""
+    return math.sqrt(p * (1 - p) / n) if n else None
+
+
+def _trend_specs() -> list[tuple[str, str, str, Callable[[dict, float, int], float | None] | None]]:
+    """(label, key, key marking a measurement, standard error) of each row of the summary's trend block.
+
+    The standard error, `se(record, value, n_train)` with n_train = P x G episodes, uses only what the step
+    logged; None where that is not enough (no spread is logged for entropy, MI-ZScore-EMA or the format rate).
+    Training SEs treat the batch's episodes as independent, although a group's G episodes share a seed.
+    """
+    specs = [
+        ("eval success", "eval/success_rate", "eval/success_rate",
+         lambda r, v, n: _binomial_se(v, r.get("eval/episodes"))),
+        ("train success", "rollout/success_rate", "rollout/success_rate", lambda r, v, n: _binomial_se(v, n)),
+        ("train return", "rollout/return_mean", "rollout/return_mean",
+         lambda r, v, n: r["rollout/return_std"] / math.sqrt(n) if r.get("rollout/return_std") is not None else None),
+        ("train valid format", "rollout/valid_format_rate", "rollout/valid_format_rate", None),
+        ("train entropy", "train/entropy", "train/entropy", None),
+    ]
+    for scheme in SCHEMES:  # a check logs num_pairs even where a proxy is undefined: that check shows n/a
+        prefix, name = f"collapse_{scheme}/", scheme.replace("_", " ")
+        specs += [
+            (f"Retrieval-Acc ({name})", prefix + "retrieval_acc", prefix + "num_pairs",
+             lambda r, v, n, pairs=prefix + "num_pairs": _binomial_se(v, r.get(pairs))),
+            (f"MI-ZScore-EMA ({name})", prefix + "mi_zscore_ema", prefix + "num_pairs", None),
+        ]
+    return specs
+
+
+def _trend_rows(records: list[dict], n_train: int) -> list[tuple[str, list[str]]]:
+    """(label, [first, last, peak]) for each main metric the run logged: "value ± SE (step)", peak the highest.
+
+    A measured value that is missing or not finite (null in metrics.jsonl) shows as "n/a (step)", and a
+    standard error that cannot be computed as "± n/a", rather than a made-up number.
+    """
+    rows = []
+    for label, key, marker, se in _trend_specs():
+        measured = [r for r in records if marker in r]
+        if not measured:
+            continue
+
+        def cell(r: dict) -> str:
+            v = r.get(key)
+            if v is None or not math.isfinite(v):
+                return f"n/a ({r['step']})"
+            err = se(r, v, n_train) if se else None
+            return f"{v:.3f} ± {'n/a' if err is None else format(err, '.3f')} ({r['step']})"
+
+        finite = [r for r in measured if r.get(key) is not None and math.isfinite(r[key])]
+        peak = cell(max(finite, key=lambda r: r[key])) if finite else "n/a"
+        rows.append((label, [cell(measured[0]), cell(measured[-1]), peak]))
+    return rows
 
 
 def _logprobs(model: torch.nn.Module, mb: Batch) -> torch.Tensor:

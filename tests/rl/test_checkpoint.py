@@ -201,3 +201,32 @@ def test_ctrl_c_checkpoints_the_last_completed_step(policy, tmp_path):
     assert latest_step(run_dir) == last
     assert load_checkpoint(run_dir).step == last
     assert read_events(run_dir)[-1]["kind"] == "interrupted"
+
+
+def test_extending_a_finished_run_continues_it_as_a_longer_run(policy, tmp_path, capsys):
+    """`--resume RUN trainer.total_steps=4` on a finished 2-step run logs steps 3 and 4 as a 4-step run does."""
+    from ragen2.cli import main
+
+    def train_args(run_dir: Path, steps: int) -> list[str]:
+        return _train_command(policy[0], run_dir, steps)[3:]  # without `python -m ragen2`
+
+    long, short = tmp_path / "long", tmp_path / "short"
+    assert main(train_args(long, 4)) == 0
+    assert main(train_args(short, 2)) == 0
+    capsys.readouterr()
+    assert main(["train", "--resume", str(short), "trainer.total_steps=1"]) == 2
+    assert "trainer.total_steps=1 is below the step of the checkpoint to resume" in capsys.readouterr().err
+    assert main(["train", "--resume", str(short), "trainer.total_steps=4", "optim.lr=1e-2"]) == 2
+    assert (f"--resume {short}: optim.lr cannot change on resume" in capsys.readouterr().err)
+    assert main(["train", "--resume", str(short), "trainer.total_steps=4"]) == 0
+
+    expected, got = read_metrics(long), read_metrics(short)
+    assert [r["step"] for r in got] == list(range(5))
+    for want, have in zip(expected, got):
+        want, have = _comparable(want), _comparable(have)
+        assert set(have) == set(want), f"step {want['step']}"
+        for key, value in want.items():
+            assert have[key] == pytest.approx(value, rel=1e-5, abs=1e-7, nan_ok=True), f"step {want['step']} {key}"
+    assert "total_steps: 4" in (short / "config.yaml").read_text()  # a later --resume continues to 4
+    changed = [e for e in read_events(short) if e["kind"] == "total_steps_changed"]
+    assert [(e["step"], e["message"]) for e in changed] == [(2, "trainer.total_steps 2 -> 4 on resume from step 2")]
