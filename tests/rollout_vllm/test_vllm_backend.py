@@ -11,7 +11,7 @@ from ragen2.agent import GenerationBackend, HFBackend
 from ragen2.agent.vllm_backend import VLLMBackend
 from ragen2.models.tiny import build_model, build_tokenizer
 
-pytest.importorskip("vllm")
+pytest.importorskip("vllm", reason="needs the vllm extra: make test-vllm")
 
 TURN = "Turn 1:\nState:\nArms: Dragon, Turtle. Which arm do you pull?"
 # The last prompt is longer than a KV-cache block (128 tokens on CPU), so vLLM's prefix cache keeps it.

@@ -8,7 +8,7 @@ from ragen2.agent import HFBackend
 from ragen2.agent.vllm_backend import VLLMBackend
 from ragen2.models.tiny import build_model, build_tokenizer
 
-pytest.importorskip("vllm")
+pytest.importorskip("vllm", reason="needs the vllm extra: make test-vllm")
 
 TEXTS = ["Arms: Dragon, Turtle. Which arm do you pull?", "Go"]
 ANSWER = "<think>The arms are Dragon and Turtle. I try Dragon.</think><answer>Dragon</answer>"

@@ -13,7 +13,7 @@ from ragen2.models.tiny import build_model, build_tokenizer
 from ragen2.rl import trainer
 from ragen2.tracking import read_metrics
 
-pytest.importorskip("vllm")
+pytest.importorskip("vllm", reason="needs the vllm extra: make test-vllm")
 
 CORPUS = [
     "You are playing a two-armed bandit. Pull one arm to get a reward. Arms: Dragon, Turtle.",
