@@ -2,10 +2,13 @@
 
 The workload is what grading the `code` env runs: every built-in problem's reference
 solution on each of its tests (stdin programs, and function problems through their
-driver), repeated to N programs. Each configuration runs the same N programs; times
-are the best of --repeats runs after a warm-up (which also starts the fork server).
-A reference row runs the same programs unsandboxed, one fresh `python` per program, as
-a plain `subprocess.run` would: the cost of starting an interpreter, without limits.
+driver), repeated to N programs, each in the isolated sandbox (own filesystem, PID,
+network, IPC and UTS namespaces, own uid, limits). Each configuration runs the same N
+programs; times are the best of --repeats runs after a warm-up (which also starts the
+fork server). A reference row runs the same programs unsandboxed, one fresh `python`
+per program, as a plain `subprocess.run` would: the cost of starting an interpreter,
+without limits, measured in the same run, so that the ratio holds on a busy machine.
+The header gives the 1-minute load average at the start.
 
     python benchmarks/code_throughput.py                      # N=120 programs, pools of 1, 2, 4 and 8
     python benchmarks/code_throughput.py --cores 0 1 --out code_throughput.json
@@ -84,6 +87,7 @@ def main() -> None:
     if args.cores:
         os.sched_setaffinity(0, args.cores)
     jobs = grading_jobs(args.num_programs)
+    load = os.getloadavg()[0]
     rows = []
     for workers in args.workers:
         seconds = time_sandboxed(jobs, workers, args.repeats)
@@ -99,7 +103,8 @@ def main() -> None:
     cpus = sorted(os.sched_getaffinity(0))
     header = (
         f"{len(cpus)} CPUs {cpus} ({platform.processor() or platform.machine()}), Python {platform.python_version()}, "
-        f"uid {os.geteuid()}, isolation {isolation()}, N={args.num_programs} programs, best of {args.repeats}"
+        f"uid {os.geteuid()}, isolation {isolation()}, N={args.num_programs} programs, best of {args.repeats}, "
+        f"load average {load:.1f}"
     )
     print(header)
     print("| mode | seconds | programs/s | ms/program | vs sandbox sequential |")

@@ -18,7 +18,7 @@ import gymnasium as gym
 from ragen2.envs import ENVS
 from ragen2.envs.base import TextEnv
 from ragen2.envs.code_problems import BUILTIN_PROBLEMS, CodeTest, Problem, call_text, load_problems
-from ragen2.envs.sandbox import Limits, RunResult, run_programs
+from ragen2.envs.sandbox import Limits, RunResult, prepare, run_programs
 from ragen2.errors import ConfigError, did_you_mean
 
 _FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", flags=re.S | re.I)
@@ -73,7 +73,8 @@ def function_driver(program: str, fn_name: str) -> str:
 
     The program runs as module `solution` (not `__main__`), so its own `if __name__ ==
     "__main__":` block does not read the arguments. LeetCode-style `class Solution`
-    methods are found too.
+    methods are found too. The driver holds no expected value: the host compares the
+    printed result, so nothing in the sandbox tells a program what would pass.
     """
     return f"""import json
 import sys
@@ -187,8 +188,12 @@ class CodeEnv(TextEnv):
     palindromes, counting, ...; 18 read stdin and print, 10 ask for a function), or
     one from a local JSONL file in the TACO, LiveCodeBench or DeepCoder layout
     (`problems=path`, see `code_problems.load_problems`). The program is run once per
-    test in the sandbox (`ragen2.envs.sandbox`: separate process, own uid, no network,
-    CPU/memory/output/process limits), `workers` tests at a time.
+    test in the sandbox (`ragen2.envs.sandbox`: own filesystem with nothing of the
+    project, own PID and network namespaces, own uid, CPU/memory/output/process
+    limits), `workers` tests at a time. It gets only the test's input (on stdin, or the
+    arguments through a driver); the expected outputs stay in the host, which compares.
+    Where the machine cannot isolate programs the env refuses to start
+    (`SandboxUnavailable`), unless `limits={"allow_unsandboxed": True}`.
     `reset(options={"problem": id})` picks a problem by id. `solve()` returns the
     problem's reference solution (every built-in problem has one).
 
@@ -262,6 +267,7 @@ class CodeEnv(TextEnv):
         self.max_tries = max_tries
         self.max_actions = max_tries if feedback else 1
         self.limits = Limits.from_dict(limits)
+        prepare(self.limits)  # a machine that cannot isolate programs refuses here, not mid-training
         self.workers = workers
         self._problem: Problem | None = None
         self._tries = 0

@@ -1,8 +1,12 @@
 """The sandbox: limits hold, hostile programs get reward 0 (or their partial reward) without touching the host.
 
-The hostile-program battery runs each program as a `code` env submission, concurrently
-with a correct program that must still score 1.0. Tests named `test_os_*` switch the
-audit hook off to check what the operating system enforces by itself (as root).
+The hostile-program battery (tests/envs/hostile.py) runs each program as a `code` env
+submission, concurrently with a correct program that must still score 1.0, twice: with
+the audit hook off (the operating system alone must contain every program) and on.
+Afterwards the host checks what the programs aimed at: its sockets heard nothing, its
+files are unchanged, nothing was left in /tmp or /dev/shm and no process survived.
+Tests named `test_os_*` also switch the hook off. Isolation needs root: these tests
+run as root in CI.
 
 `python tests/envs/test_sandbox.py --write-docs` reruns the battery and writes its table
 into docs/environments.md.
@@ -10,120 +14,186 @@ into docs/environments.md.
 
 from __future__ import annotations
 
+import ctypes
+import hashlib
+import json
 import os
 import re
 import socket
+import subprocess
 import sys
+import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from hostile import DOUBLE, SUM, Hostile, Targets, battery, reward_hacks
 
-from ragen2.envs.code_problems import CodeTest, Problem
+import ragen2.envs.code_problems
+import ragen2.envs.codeexec
+from ragen2.envs.code_problems import BUILTIN_PROBLEMS
 from ragen2.envs.codeexec import GradedTest, grade
-from ragen2.envs.sandbox import SANDBOX_UIDS, Limits, isolation, run_program, run_programs
+from ragen2.envs.sandbox import (
+    SANDBOX_UIDS,
+    Limits,
+    SandboxUnavailable,
+    isolation,
+    process_limits,
+    run_program,
+    run_programs,
+)
 from ragen2.errors import ConfigError
 
 ROOT = os.geteuid() == 0
-as_root = pytest.mark.skipif(not ROOT, reason="the OS-level protections tested here need root (see sandbox docstring)")
+as_root = pytest.mark.skipif(not ROOT, reason="the OS-level isolation tested here needs root (see sandbox docstring)")
 SLACK_S = 0.5  # a run may end this long after its wall limit (kill and reap)
-
-SUM = Problem(
-    "battery_sum",
-    "Read two integers and print their sum.",
-    (CodeTest("1 2", "3"), CodeTest("5 5", "10")),
-    solution="a, b = map(int, input().split())\nprint(a + b)\n",
-)
+SLACK_MB = 16  # and hold this much more than its memory cap (the interpreter's own pages counted twice)
 BATTERY_LIMITS = Limits(wall_s=2.0, cpu_s=1, memory_mb=256)
 SECRET = "ragen2-fake-secret-" + uuid.uuid4().hex
+GRADER_FILES = tuple(
+    str(Path(m.__file__).resolve()) for m in (ragen2.envs.codeexec, ragen2.envs.code_problems, ragen2.envs.sandbox)
+)
 
 
-def battery(port: int, probe_path: str) -> list[tuple[str, str, float]]:
-    """(name, program, expected reward) of each hostile program; `port` is a host socket that must stay silent."""
-    return [
-        ("infinite loop", "while True:\n    pass", 0.0),
-        ("sleeps past the wall limit", "import time\ntime.sleep(60)", 0.0),
-        ("fork bomb", "import os\nwhile True:\n    os.fork()", 0.0),
-        ("memory bomb", "blocks = []\nwhile True:\n    blocks.append(bytearray(1 << 24))", 0.0),
-        ("huge output", "while True:\n    print('x' * 10_000)", 0.0),
-        ("huge file", "open('big.txt', 'w').write('x' * 50_000_000)", 0.0),
-        ("reads /etc/passwd", "print(open('/etc/passwd').read())", 0.0),
-        ("writes outside its directory", f"open({probe_path!r}, 'w').write('owned')", 0.0),
-        ("opens a network socket", f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)", 0.0),
-        ("shell via subprocess", "import subprocess\nsubprocess.run('cat /etc/passwd', shell=True)", 0.0),
-        ("kills its parent and the host", f"import os\nos.kill(os.getppid(), 9)\nos.kill({os.getpid()}, 9)", 0.0),
-        ("prints the environment", "import os\nprint(dict(os.environ))", 0.0),
-        ("reads the host's /proc environ", f"print(open('/proc/{os.getpid()}/environ').read())", 0.0),
-        (
-            "passes one test, loops on the other",
-            "a, b = map(int, input().split())\nwhile a == 5:\n    pass\nprint(a + b)",
-            0.5,
-        ),
-    ]
-
-
-def run_battery() -> list[dict]:
-    """Grade every hostile program next to a correct one; one row per hostile program."""
-    server = socket.create_server(("127.0.0.1", 0))
-    server.settimeout(0)
-    probe = "/tmp/ragen2-battery-probe"
-    Path(probe).unlink(missing_ok=True)
-    cases = battery(server.getsockname()[1], probe)
+@contextmanager
+def host_targets() -> Iterator[Targets]:
+    """Set up what the programs aim at; afterwards check that none of it was reached."""
+    tag = uuid.uuid4().hex
+    tcp = socket.create_server(("127.0.0.1", 0))
+    unix_path = f"/tmp/ragen2-battery-{tag}.sock"
+    unix = socket.socket(socket.AF_UNIX)
+    unix.bind(unix_path)
+    os.chmod(unix_path, 0o777)  # anyone may connect: only the sandbox stands in the way
+    abstract = socket.socket(socket.AF_UNIX)
+    abstract.bind("\0ragen2-battery-" + tag)
+    listeners = (tcp, unix, abstract)
+    for s in listeners:
+        s.listen()
+        s.settimeout(0)
+    dataset_dir = Path(tempfile.mkdtemp(prefix="ragen2-battery-data-"))
+    dataset_dir.chmod(0o755)
+    dataset = dataset_dir / "problems.jsonl"
+    row = {"problem": SUM.statement, "tests": [{"input": t.input, "output": t.expected} for t in SUM.tests]}
+    dataset.write_text(json.dumps(row) + "\n")
+    dataset.chmod(0o644)
+    leftover = f"ragen2-battery-leftover-{tag}"
+    for folder in ("/tmp", "/dev/shm"):
+        Path(folder, leftover).write_text(SECRET)
+        Path(folder, leftover).chmod(0o644)
+    before = {path: _digest(path) for path in GRADER_FILES}
+    targets = Targets(
+        tcp_port=tcp.getsockname()[1],
+        unix_path=unix_path,
+        abstract_name="ragen2-battery-" + tag,
+        probe_path=f"/tmp/ragen2-battery-probe-{tag}",
+        leftover=leftover,
+        persist=f"ragen2-battery-persist-{tag}",
+        problem_file=str(Path(ragen2.envs.code_problems.__file__).resolve()),
+        dataset=str(dataset),
+        grader_files=GRADER_FILES,
+        host_pid=os.getpid(),
+        memory_mb=BATTERY_LIMITS.memory_mb,
+    )
     os.environ["RAGEN2_FAKE_SECRET"] = SECRET
     try:
-        with ThreadPoolExecutor(max_workers=2) as pool:  # each hostile program runs next to a correct one
-            pairs = [
-                (pool.submit(grade, SUM, source, BATTERY_LIMITS), pool.submit(grade, SUM, SUM.solution, BATTERY_LIMITS))
-                for _, source, _ in cases
-            ]
-            rows = [_row(name, expected, h.result(), g.result()) for (name, _, expected), (h, g) in zip(cases, pairs)]
-        with pytest.raises(BlockingIOError):
-            server.accept()  # nothing ever connected
+        yield targets
+        for s in listeners:
+            with pytest.raises(BlockingIOError):
+                s.accept()  # nothing ever connected
+        assert not os.path.exists(targets.probe_path)
+        for folder in ("/tmp", "/dev/shm"):
+            assert not os.path.exists(os.path.join(folder, targets.persist))
+            assert Path(folder, leftover).read_text() == SECRET
+        assert {path: _digest(path) for path in GRADER_FILES} == before
+        time.sleep(0.2)  # a killed run's processes are being reaped
+        assert not _sandbox_processes()
+        assert not _sandbox_files()
     finally:
         del os.environ["RAGEN2_FAKE_SECRET"]
-        server.close()
-    assert not os.path.exists(probe)
-    return rows
+        for s in listeners:
+            s.close()
+        Path(unix_path).unlink(missing_ok=True)
+        for folder in ("/tmp", "/dev/shm"):
+            Path(folder, leftover).unlink(missing_ok=True)
+        dataset.unlink()
+        dataset_dir.rmdir()
 
 
-def _row(name: str, expected: float, outcomes: list[GradedTest], good: list[GradedTest]) -> dict:
+def _digest(path: str) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def run_battery(audit_hook: bool) -> list[dict]:
+    """Grade every hostile program next to a correct one; one row per hostile program."""
+    limits = Limits(**{**BATTERY_LIMITS.__dict__, "audit_hook": audit_hook})
+    with host_targets() as targets, ThreadPoolExecutor(max_workers=2) as pool:
+        cases = battery(targets)
+        pairs = []
+        for case in cases:  # each hostile program runs next to a correct one
+            hostile = pool.submit(grade, case.problem, case.source + "\n", limits)
+            pairs.append((hostile, pool.submit(grade, SUM, SUM.solution, limits)))
+        return [_row(case, h.result(), g.result()) for case, (h, g) in zip(cases, pairs)]
+
+
+def _row(case: Hostile, outcomes: list[GradedTest], good: list[GradedTest]) -> dict:
     failing = next((o for o in outcomes if not o.passed), outcomes[0])
     reason = failing.run.killed_reason
+    said = failing.run.stderr.strip().rpartition("\n")[2] or failing.got.removeprefix("error: ") or "(no output)"
     return {
-        "program": name,
-        "outcome": f"limit: {reason}" if reason else failing.got.removeprefix("error: ")[:100],
+        "program": case.name,
+        "outcome": f"limit: {reason}" if reason else said[:100],
         "reward": sum(o.passed for o in outcomes) / len(outcomes),
-        "expected": expected,
+        "expected": case.expected,
         "wall_s": max(o.run.wall_s for o in outcomes),
-        "limit_s": BATTERY_LIMITS.wall_s,
         "good_reward": sum(o.passed for o in good) / len(good),
         "outputs": " ".join(o.run.stdout + o.run.stderr for o in outcomes),
     }
 
 
-def battery_table(rows: list[dict]) -> str:
-    lines = ["| program | outcome | reward | wall time (s) | wall limit (s) |", "|---|---|---|---|---|"]
-    for r in rows:
-        outcome = r["outcome"].replace("|", "\\|").strip()
-        lines.append(f"| {r['program']} | {outcome} | {r['reward']:.1f} | {r['wall_s']:.2f} | {r['limit_s']:.1f} |")
-    return "\n".join(lines)
-
-
-def test_hostile_battery_gets_its_reward_and_leaves_host_and_neighbours_alone():
-    rows = run_battery()
+@as_root
+@pytest.mark.parametrize("audit_hook", [False, True], ids=["os-alone", "with-audit-hook"])
+def test_hostile_battery_gets_its_reward_and_leaves_host_and_neighbours_alone(audit_hook):
+    rows = run_battery(audit_hook)
+    assert len(rows) >= 30
     for r in rows:
         assert r["reward"] == r["expected"], r
         assert r["good_reward"] == 1.0, r  # the correct program running next to it was unaffected
-        assert r["wall_s"] <= r["limit_s"] + SLACK_S, r
+        assert r["wall_s"] <= BATTERY_LIMITS.wall_s + SLACK_S, r
         assert SECRET not in r["outputs"] and "root:x:0:0" not in r["outputs"], r
-    by_name = {r["program"]: r["outcome"] for r in rows}
-    assert by_name["huge output"] == "limit: output_limit"
-    assert by_name["memory bomb"] == "limit: memory"
-    assert by_name["huge file"] == "limit: file_size"
-    assert by_name["sleeps past the wall limit"] == "limit: wall_time"
-    assert by_name["infinite loop"] in ("limit: cpu_time", "limit: wall_time")  # wall first on a busy machine
+        assert "BUILTIN_PROBLEMS" not in r["outputs"] and "the shell ran" not in r["outputs"], r
+    by_name = {r["program"]: r for r in rows}
+    assert by_name["huge output"]["outcome"] == "limit: output_limit"
+    assert by_name["memory bomb"]["outcome"] == "limit: memory"
+    assert by_name["huge file"]["outcome"] == "limit: file_size"
+    assert by_name["sleeps past the wall limit"]["outcome"] == "limit: wall_time"
+    assert by_name["infinite loop"]["outcome"] in ("limit: cpu_time", "limit: wall_time")  # wall on a busy machine
+    assert by_name["raises its rlimits, then allocates twice the cap"]["outcome"] == "limit: memory"
+    assert "raised" not in by_name["raises its rlimits, then allocates twice the cap"]["outputs"]
+    assert "ok" not in by_name["ptrace of the host, its parent and itself"]["outputs"].split()
+    assert "visible" not in by_name["looks for the project, home, packages and a shell"]["outputs"]
+    assert "found:" not in by_name["reads what an earlier run left in /tmp and /dev/shm"]["outputs"]
+    assert "patched" not in by_name["overwrites and patches the grader's files"]["outputs"]
+    snooped = by_name["lists processes and their command lines in /proc"]["outputs"]
+    assert "pytest" not in snooped and all(m == "1" for m in re.findall(r"(\d+) processes:", snooped))
+    for held in re.findall(r"held (\d+) MiB", by_name["many processes times memory"]["outputs"]):
+        assert int(held) <= BATTERY_LIMITS.memory_mb + SLACK_MB
+    assert "no shell: OSError:2:" in by_name["exec bypass of the audit hook, then cat the tests"]["outputs"]  # ENOENT
+    if not audit_hook:  # the OS refused it, not the hook
+        assert by_name["host abstract AF_UNIX socket"]["outcome"].startswith("ConnectionRefusedError")
+
+
+@as_root
+def test_reward_hacks_score_zero_on_every_builtin_problem():
+    limits = Limits(**{**BATTERY_LIMITS.__dict__, "audit_hook": False})  # the OS alone keeps the tests out of reach
+    with host_targets() as targets:
+        for hack in reward_hacks(targets):
+            for problem in (*BUILTIN_PROBLEMS, DOUBLE):
+                outcomes = grade(problem, hack.source + "\n", limits)
+                assert not any(o.passed for o in outcomes), (hack.name, problem.id, outcomes[0].run.stderr)
 
 
 def test_output_and_exit_status():
@@ -191,11 +261,22 @@ def test_limits_are_validated():
         run_programs([("print(1)", "")], max_workers=0)
 
 
+def test_memory_cap_is_split_over_processes():
+    assert process_limits(Limits()) == (4, 128 << 20)  # 512 MiB: 4 processes of 128 MiB
+    assert process_limits(Limits(memory_mb=256, max_processes=16)) == (2, 128 << 20)
+    assert process_limits(Limits(memory_mb=256, max_processes=1)) == (1, 256 << 20)  # one process gets it all
+    assert process_limits(Limits(memory_mb=64)) == (1, 64 << 20)
+    for memory_mb in (64, 100, 512, 1000, 4096):
+        for max_processes in (1, 3, 16):
+            n, each = process_limits(Limits(memory_mb=memory_mb, max_processes=max_processes))
+            assert 1 <= n <= max_processes and n * each <= memory_mb << 20
+
+
 @pytest.mark.parametrize(
     "program, message",
     [
         ("open('/etc/passwd').read()", "opening '/etc/passwd' is not allowed"),
-        ("open('/tmp/x', 'w')", "opening '/tmp/x' is not allowed"),
+        ("open('/etc/x', 'w')", "opening '/etc/x' is not allowed"),
         ("import os\nos.listdir('/')", "os.listdir on '/' is not allowed"),
         ("import socket\nsocket.socket()", "socket.__new__ is not allowed"),
         ("import os\nos.system('true')", "os.system is not allowed"),
@@ -211,30 +292,34 @@ def test_audit_hook_refuses_with_a_clear_message(program, message):
 
 @as_root
 def test_isolation_report_as_root():
-    assert isolation() == {"separate_uid": True, "pid_namespace": True, "network_namespace": True}
+    assert isolation() == {
+        "separate_uid": True, "pid_namespace": True, "network_namespace": True, "private_filesystem": True
+    }  # fmt: skip
 
 
 @as_root
-def test_os_files_only_own_and_world_writable_places(tmp_path):
-    secret = tmp_path / "root_only.txt"  # pytest's tmp_path is under a 0700 root directory
+def test_os_only_the_runtime_and_private_writable_places(tmp_path):
+    secret = tmp_path / "root_only.txt"
     secret.write_text("classified")
     probe = f"/tmp/ragen2-os-probe-{uuid.uuid4().hex}"
     program = (
-        "import errno\n"
-        f"paths = [('/etc/ragen2-probe', 'w'), ({str(secret)!r}, 'r'), ({probe!r}, 'w'), ('/etc/passwd', 'r')]\n"
+        "import errno, os\n"
+        f"paths = [('/etc/ragen2-probe', 'w'), ({str(secret)!r}, 'r'), ({probe!r}, 'w'), ('/etc/passwd', 'r'),\n"
+        f"         ({GRADER_FILES[0]!r}, 'r'), ('/stdlib/os.py', 'a'), ('/dev/shm/x', 'w'), ('note.txt', 'w')]\n"
         "for path, mode in paths:\n"
         "    try:\n"
         "        open(path, mode).close()\n"
         "        print('ok')\n"
         "    except OSError as e:\n"
-        "        print(errno.errorcode[e.errno])"
+        "        print(errno.errorcode[e.errno])\n"
+        "print(sorted(os.listdir('/')), os.getcwd())"
     )
     result = run_program(program, limits=Limits(audit_hook=False))
-    try:
-        # Written: its own directory and world-writable /tmp; read: world-readable files (the hook blocks both).
-        assert result.stdout.split() == ["EACCES", "EACCES", "ok", "ok"], result.stderr
-    finally:
-        Path(probe).unlink(missing_ok=True)
+    # The read-only root, nothing of the host, its own /tmp, /dev/shm and working directory.
+    lines = result.stdout.splitlines()
+    assert lines[:8] == ["EROFS", "ENOENT", "ok", "ENOENT", "ENOENT", "EACCES", "ok", "ok"], result.stderr
+    assert lines[8] == "['dev', 'etc', 'lib', 'proc', 'stdlib', 'tmp', 'work'] /work"
+    assert not os.path.exists(probe)
 
 
 @as_root
@@ -252,9 +337,9 @@ def test_os_process_cap_and_no_survivors():
         "except OSError as e:\n"
         "    print(count, e.errno)"
     )
-    result = run_program(program, limits=Limits(audit_hook=False, max_processes=8))
+    result = run_program(program, limits=Limits(audit_hook=False, max_processes=8, memory_mb=1024))
     count, errno_ = map(int, result.stdout.split())
-    assert count <= 8 and errno_ == 11  # EAGAIN from RLIMIT_NPROC
+    assert count < 8 and errno_ == 11  # EAGAIN from RLIMIT_NPROC
     time.sleep(0.2)
     assert not _sandbox_processes()
 
@@ -279,12 +364,47 @@ def test_os_network_signals_and_environment():
     )
     try:
         result = run_program(program, limits=Limits(audit_hook=False))
-        assert result.stdout.split() == ["ENETUNREACH", "ESRCH", "EACCES", "False", "True"], result.stderr
+        assert result.stdout.split() == ["ENETUNREACH", "ESRCH", "ENOENT", "False", "True"], result.stderr
         with pytest.raises(BlockingIOError):
             server.accept()
     finally:
         del os.environ["RAGEN2_FAKE_SECRET"]
         server.close()
+
+
+NO_SYS_ADMIN = """
+import logging, sys
+logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(levelname)s %(message)s")
+from ragen2.envs import make
+from ragen2.envs.sandbox import SandboxUnavailable
+try:
+    make("code")
+except SandboxUnavailable as e:
+    print("REFUSED", e)
+env = make("code", limits={"allow_unsandboxed": True})
+env.reset(options={"problem": "sum_two"})
+print("REWARD", env.step(env.solve()[0])[1])
+"""
+
+
+@as_root
+def test_a_machine_that_cannot_isolate_refuses_unless_allowed_explicitly():
+    libc = ctypes.CDLL(None, use_errno=True)
+    drop_sys_admin = lambda: libc.prctl(24, 21, 0, 0, 0)  # PR_CAPBSET_DROP, CAP_SYS_ADMIN: no mounts, no namespaces
+    result = subprocess.run(
+        [sys.executable, "-c", NO_SYS_ADMIN], preexec_fn=drop_sys_admin, capture_output=True, text=True, timeout=120
+    )
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("REFUSED the code sandbox cannot isolate programs on this machine: unshare(CLONE_NEWNS)")
+    assert "allow_unsandboxed: true" in lines[0]
+    assert lines[1].startswith("WARNING running programs WITHOUT the code sandbox's isolation"), result.stderr
+    assert lines[2] == "REWARD 1.0"
+
+
+def test_refusal_names_what_is_missing_and_the_config_key():
+    message = str(SandboxUnavailable("unshare(CLONE_NEWNS) failed: Operation not permitted"))
+    assert "Operation not permitted" in message and "limits: {allow_unsandboxed: true}" in message
+    assert isinstance(SandboxUnavailable("x"), ConfigError)
 
 
 def _sandbox_processes() -> list[int]:
@@ -302,27 +422,56 @@ def _sandbox_processes() -> list[int]:
     return found
 
 
+def _sandbox_files() -> list[str]:
+    """Files owned by a sandbox uid in the host's /tmp and /dev/shm."""
+    found = []
+    for folder in ("/tmp", "/dev/shm"):
+        for entry in os.scandir(folder):
+            try:
+                if entry.stat(follow_symlinks=False).st_uid in SANDBOX_UIDS:
+                    found.append(entry.path)
+            except FileNotFoundError:  # removed meanwhile
+                continue
+    return found
+
+
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "environments.md"
 BEGIN, END = "<!-- sandbox-battery:begin -->", "<!-- sandbox-battery:end -->"
+
+
+def battery_table(alone: list[dict], hooked: list[dict]) -> str:
+    lines = [
+        "| program | OS alone (hook off): outcome | reward | with the audit hook: outcome | reward | wall time (s) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for a, h in zip(alone, hooked):
+        cells = [c["outcome"].replace("|", "\\|").replace("\n", " ").strip() for c in (a, h)]
+        wall = max(a["wall_s"], h["wall_s"])
+        rewards = f"{a['reward']:.1f}", f"{h['reward']:.1f}"
+        lines.append(f"| {a['program']} | {cells[0]} | {rewards[0]} | {cells[1]} | {rewards[1]} | {wall:.2f} |")
+    return "\n".join(lines)
+
+
+def _placeholder_targets() -> Targets:
+    return Targets(0, "", "", "", "", "", "", "", (), 0, 0)
 
 
 def test_docs_hold_the_battery_table():
     docs = DOCS.read_text(encoding="utf-8")
     block = docs[docs.index(BEGIN) : docs.index(END)]
-    for name, _, _ in battery(0, ""):
-        assert f"| {name} |" in block
+    for case in battery(_placeholder_targets()):
+        assert f"| {case.name} |" in block
 
 
 def write_docs() -> None:
-    rows = run_battery()
-    report = isolation()
-    table = battery_table(rows)
-    note = ", ".join(f"{k}={v}" for k, v in report.items())
+    alone, hooked = run_battery(audit_hook=False), run_battery(audit_hook=True)
+    note = ", ".join(f"{k}={v}" for k, v in isolation().items())
     block = (
         f"{BEGIN}\n`python tests/envs/test_sandbox.py --write-docs` (as root; isolation(): {note}; "
         "each program's tests run with `Limits(wall_s=2.0, cpu_s=1, memory_mb=256)`, "
         "next to a correct program that scored "
-        f"{min(r['good_reward'] for r in rows):.1f}):\n\n{table}\n{END}"
+        f"{min(r['good_reward'] for r in alone + hooked):.1f}; the outcome is the limit hit, else the last "
+        f"line of stderr, else what the grader got):\n\n{battery_table(alone, hooked)}\n{END}"
     )
     docs = DOCS.read_text(encoding="utf-8")
     docs = docs[: docs.index(BEGIN)] + block + docs[docs.index(END) + len(END) :]
@@ -333,4 +482,4 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["--write-docs"]:
         write_docs()
     else:
-        print(battery_table(run_battery()))
+        print(battery_table(run_battery(audit_hook=False), run_battery(audit_hook=True)))
