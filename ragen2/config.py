@@ -545,6 +545,9 @@ def preset_layers(name: str) -> list[dict[str, Any]]:
     files = [d / part / f"{stem}.yaml" for part, stem in zip(_PRESET_PARTS, name.split("-"))]
     if len(name.split("-")) <= len(_PRESET_PARTS) and all(f.exists() for f in files):
         return [_load_yaml(f) for f in files]
+    external = _external_preset(name)
+    if external is not None:
+        return external
     path = Path(name)
     if path.suffix in (".yaml", ".yml") and path.is_file():
         return [_load_yaml(path)]
@@ -555,6 +558,20 @@ def preset_layers(name: str) -> list[dict[str, Any]]:
         f"unknown preset {name!r}; presets: {preset_pattern()} (or a path to a .yaml file)."
         + did_you_mean(name, preset_names())
     )
+
+
+def _external_preset(name: str) -> list[dict[str, Any]] | None:
+    """Another suite's environment as a preset: `textarena:Sudoku-v0`, optionally followed by -ALGO[-FILTER]."""
+    from ragen2.envs.external import is_external
+
+    if not is_external(name):
+        return None
+    choices, parts = _preset_choices(), name.split("-")
+    for tail in (2, 1, 0):  # the longest -ALGO-FILTER / -ALGO suffix that names shipped files
+        env, rest = "-".join(parts[: len(parts) - tail]), parts[len(parts) - tail:]
+        if all(stem in choices[part] for part, stem in zip(_PRESET_PARTS[1:], rest)) and len(parts) > tail:
+            return [{"env": {"name": env}}] + [_load_yaml(_preset_dir() / p / f"{s}.yaml") for p, s in zip(_PRESET_PARTS[1:], rest)]
+    return None
 
 
 def load_config(preset: str | None = None, overrides: list[str] | None = None) -> Config:
@@ -582,7 +599,7 @@ def validate(config: Config) -> None:
     """Refuse settings that cannot work, with the reason, before any work starts."""
     from ragen2 import envs
 
-    if config.env.name not in envs.names():
+    if not envs.exists(config.env.name):
         raise ConfigError(
             f"env.name={config.env.name!r} is not a registered environment; valid: {', '.join(envs.names())}."
             + did_you_mean(config.env.name, envs.names())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ragen2.envs import external
 from ragen2.envs.base import TextEnv
 from ragen2.registry import Registry
 
@@ -14,8 +15,15 @@ ENVS: Registry[Callable[..., TextEnv]] = Registry("environment")
 
 
 def make(name: str, **cfg) -> TextEnv:
-    """Build the environment registered under `name` with its keyword config."""
+    """Build the environment registered under `name` (or another suite's `SUITE:GAME`) with its keyword config."""
+    if external.is_external(name):
+        return external.make(name, **cfg)
     return ENVS.get(name)(**cfg)
+
+
+def exists(name: str) -> bool:
+    """A registered name, or one with a suite prefix (`textarena:...`: building it tells whether the game exists)."""
+    return name in ENVS or external.is_external(name)
 
 
 def names() -> list[str]:
@@ -29,5 +37,8 @@ def eval_seeds(n: int) -> list[int]:
 
 # Registration happens on import of each env module.
 from ragen2.envs import bandit, codeexec, countdown, frozenlake, mathqa, searchqa, sokoban, webshop  # noqa: E402,F401
+from ragen2.envs.external import gymnasium_export  # noqa: E402
 
-__all__ = ["ENVS", "EVAL_SEED_OFFSET", "TextEnv", "eval_seeds", "make", "names"]
+gymnasium_export.register(names())  # gymnasium.make("ragen2/sokoban-v0") works after `import ragen2.envs`
+
+__all__ = ["ENVS", "EVAL_SEED_OFFSET", "TextEnv", "eval_seeds", "exists", "make", "names"]

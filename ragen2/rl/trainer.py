@@ -36,6 +36,7 @@ import dataclasses
 import logging
 import math
 import os
+import re
 import shutil
 import signal
 import sys
@@ -759,11 +760,12 @@ def _new_run_dir(config: Config) -> Path:
             )
     else:
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        run_dir = Path("runs") / f"{config.env.name}-{config.algo.name}-{stamp}"
+        env = re.sub(r"[^\w.-]", "_", config.env.name)  # textarena:Sudoku-v0 -> textarena_Sudoku-v0: a plain file name
+        run_dir = Path("runs") / f"{env}-{config.algo.name}-{stamp}"
         n = 1
         while run_dir.exists():
             n += 1
-            run_dir = Path("runs") / f"{config.env.name}-{config.algo.name}-{stamp}-{n}"
+            run_dir = Path("runs") / f"{env}-{config.algo.name}-{stamp}-{n}"
     run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir
 

@@ -1,0 +1,43 @@
+"""Environments from other suites, named `SUITE:GAME`: `textarena:Sudoku-v0`, `textworld:coin_collector`, `gym:Blackjack-v1`.
+
+Each suite is an optional extra (`ragen2[textarena]`, `ragen2[textworld]`; Gymnasium is a core
+dependency) and is imported only when one of its names is used, so `import ragen2.envs` never
+needs it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from ragen2.envs.base import TextEnv
+from ragen2.errors import ConfigError, UnknownNameError
+
+# Suite prefix -> (adapter module, the extra that installs the suite).
+SUITES: dict[str, tuple[str, str | None]] = {
+    "textarena": ("ragen2.envs.external.textarena_env", "textarena"),
+    "textworld": ("ragen2.envs.external.textworld_env", "textworld"),
+    "gym": ("ragen2.envs.external.gym_env", None),
+}
+
+
+def is_external(name: str) -> bool:
+    """Whether `name` has a suite prefix (`textarena:...`); says nothing of whether the game exists."""
+    return name.partition(":")[0] in SUITES and ":" in name
+
+
+def make(name: str, **cfg: Any) -> TextEnv:
+    """Build `SUITE:GAME` with the suite's adapter; a missing suite names the extra that installs it."""
+    suite, _, game = name.partition(":")
+    if suite not in SUITES:
+        raise UnknownNameError(f"unknown environment suite {suite!r} in {name!r}; suites: {', '.join(SUITES)}")
+    module_name, extra = SUITES[suite]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        hint = f": pip install 'ragen2[{extra}]'" if extra else ""
+        raise ConfigError(f"{name} needs the {suite} package, which is not installed{hint} ({e})") from e
+    return module.make(game, **cfg)
+
+
+__all__ = ["SUITES", "is_external", "make"]
