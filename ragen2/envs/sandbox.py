@@ -13,7 +13,8 @@ without solving anything. So nothing of the host is visible to a program at all,
 the in-interpreter audit hook is only a second layer that gives clear error messages;
 every item below holds with it switched off (tests/envs/test_sandbox.py).
 
-How one run is isolated (the host must run as root, the usual case in containers).
+How one run is isolated (the host runs as root, the usual case in containers; for
+another user, see "Without root" below).
 The host writes the program and its stdin to files and hands the run to a fork server:
 a `python -S -P` interpreter started once per host process with a minimal environment
 (nothing of the host's: no secrets, tokens or proxies), which never runs untrusted
@@ -58,11 +59,31 @@ What a program can then see and do:
 - Output: the host keeps at most `max_output_bytes` of stdout+stderr and kills the
   program as soon as it writes more.
 
-No silent downgrade. When the machine cannot provide this (not root, no namespaces,
-no permission to mount), `run_program` and `prepare` raise `SandboxUnavailable`, which
-says what failed. `Limits(allow_unsandboxed=True)` runs programs anyway, logging a
-warning: then only the rlimits, the uid change (as root), best-effort PID and network
-namespaces, the minimal environment, a fresh directory and the audit hook apply.
+Without root, the same holds through unprivileged user namespaces, as in rootless
+containers, where the kernel allows them (`_user_namespaces_missing`). The fork server
+first enters a user namespace of its own (its uid and gid mapped to themselves,
+setgroups denied), which owns its mount namespace and every namespace its launchers
+create, so it may mount, pivot_root and mount /proc there. An unprivileged user may map
+only its own uid, so there are no sandbox uids to lease; instead each program's
+process, once in its root, enters a user namespace of its own and clears its
+capabilities (`_enter_user_namespace`, `_drop_capabilities`). That namespace owns
+nothing, so the program cannot mount, unmount or remount anything (a nested namespace
+of its own gets locked copies of the mounts), and:
+
+- RLIMIT_NPROC still counts only the program's tasks: since Linux 5.14 it counts the
+  tasks of one user in one user namespace (older kernels are refused).
+- Signals and ptrace reach only its own processes: the host's, the fork server's and
+  other runs' are in other PID namespaces, so they do not exist for it.
+- Files: it runs as the host user's uid (which it sees as its own), but nothing of the
+  host's is in its filesystem; its supplementary groups stay (they show as the
+  overflow gid), as they cannot be dropped once setgroups is denied.
+
+No silent downgrade. When the machine cannot provide this (not root and no user
+namespaces, no namespaces, no permission to mount), `run_program` and `prepare` raise
+`SandboxUnavailable`, which says what failed and what to enable.
+`Limits(allow_unsandboxed=True)` runs programs anyway, logging a warning: then only the
+rlimits, the uid change (as root), best-effort PID and network namespaces, the minimal
+environment, a fresh directory and the audit hook apply.
 
 What the audit hook (PEP 578, `audit_hook=True`) adds inside the interpreter: it refuses
 sockets, subprocesses, os.system/exec/spawn/fork, os.kill/killpg, ctypes, changing
@@ -127,8 +148,11 @@ class SandboxUnavailable(ConfigError):
             f"the code sandbox cannot isolate programs on this machine: {missing}. It needs Linux mount, PID "
             "and network namespaces and the right to mount, that is a host process running as root (with "
             "CAP_SYS_ADMIN, as in a default container). Without them a program can read the project's files, "
-            "the hidden tests included, and RL training learns to. To run programs without this isolation "
-            "anyway, set the sandbox limit allow_unsandboxed: true (for the code env: "
+            "the hidden tests included, and RL training learns to. As a user other than root it needs "
+            "unprivileged user namespaces (Linux 5.14 or later; enable them with sysctl "
+            "kernel.unprivileged_userns_clone=1 where that setting exists, user.max_user_namespaces=10000, "
+            "and on Ubuntu kernel.apparmor_restrict_unprivileged_userns=0). To run programs without this "
+            "isolation anyway, set the sandbox limit allow_unsandboxed: true (for the code env: "
             "limits: {allow_unsandboxed: true}); a warning is logged."
         )
 
@@ -293,9 +317,10 @@ class _ForkServer:
     """
 
     def __init__(self, isolated: bool) -> None:
-        if isolated and os.geteuid() != 0:
-            raise SandboxUnavailable("the host process does not run as root")
-        config = {"isolated": isolated, "libraries": _runtime_libraries() if isolated else []}
+        rootless = isolated and os.geteuid() != 0
+        if rootless and (missing := _user_namespaces_missing()):
+            raise SandboxUnavailable(f"the host process does not run as root, and {missing}")
+        config = {"isolated": isolated, "rootless": rootless, "libraries": _runtime_libraries() if isolated else []}
         host_end, server_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.proc = subprocess.Popen(
             [sys.executable, "-S", "-P", "-c", _SERVER_SOURCE, str(server_end.fileno()), json.dumps(config)],
@@ -369,6 +394,23 @@ def _fall_back(missing: str) -> None:
             )
 
 
+def _user_namespaces_missing() -> str | None:
+    """Why a user other than root cannot have the sandbox through user namespaces here, or None if it can."""
+    release = re.match(r"(\d+)\.(\d+)", os.uname().release)
+    if release is None or (int(release[1]), int(release[2])) < (5, 14):
+        # Before 5.14 RLIMIT_NPROC counts all of the user's processes, not those of one user namespace.
+        return f"Linux {os.uname().release} is older than 5.14"
+    for setting, disabled in (
+        ("kernel/unprivileged_userns_clone", "0"),
+        ("user/max_user_namespaces", "0"),
+        ("kernel/apparmor_restrict_unprivileged_userns", "1"),  # Ubuntu: the namespace gets no capabilities
+    ):
+        with suppress(OSError), open(f"/proc/sys/{setting}") as f:
+            if f.read().strip() == disabled:
+                return f"unprivileged user namespaces are disabled ({setting.replace('/', '.')} = {disabled})"
+    return None
+
+
 def _runtime_libraries() -> list[str]:
     """The shared libraries the standard library's extension modules load, which the sandbox must show."""
     extensions = sorted(glob.glob(os.path.join(os.path.dirname(os.__file__), "lib-dynload", "*.so")))
@@ -390,6 +432,7 @@ def _run(source: str, stdin: str, limits: Limits, isolated: bool) -> RunResult:
         _write(stdin_path, stdin, uid)
         request = {
             "isolated": isolated,
+            "rootless": isolated and uid is None,
             "workdir": "/work" if isolated else workdir,
             "uid": uid,
             "wall_s": limits.wall_s,
@@ -568,7 +611,7 @@ def _server_main() -> None:
     stdlib_fd = None
     if config["isolated"]:
         try:
-            _build_root(libc, config["libraries"])
+            _build_root(libc, config["libraries"], config["rootless"])
         except OSError as e:
             control.send(f"error {e.strerror}".encode())
             return
@@ -602,18 +645,25 @@ def _libc_call(libc: object, name: str, *args: object, shown: str = "") -> None:
         raise OSError(errno, f"{name}({shown}) failed: {os.strerror(errno)}")
 
 
-def _build_root(libc: object, libraries: list) -> None:
+def _build_root(libc: object, libraries: list, rootless: bool) -> None:
     """Once per fork server: a private mount namespace whose `_ROOT` is the sandbox's read-only filesystem.
 
     It holds the standard library at `_STDLIB` (site-packages hidden by an empty
     tmpfs), the shared libraries its extension modules load and /etc/ld.so.cache (so
     that dlopen finds them), four harmless devices, and empty mount points for /proc,
     /work, /tmp and /dev/shm, which every run fills with its own.
+
+    `rootless`: the host is not root, so the server first enters a user namespace of
+    its own, which owns the new mount namespace and in which it may mount. The host's
+    mounts are then locked: their nodev and noexec cannot be cleared on a bind of them.
     """
     import os
 
     rdonly, nosuid, nodev, noexec, remount, bind, rec, private = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
-    _libc_call(libc, "unshare", 0x00020000, shown="CLONE_NEWNS")  # from here on the host sees none of our mounts
+    if rootless:
+        _enter_user_namespace(libc, 0x00020000, "CLONE_NEWUSER | CLONE_NEWNS")
+    else:
+        _libc_call(libc, "unshare", 0x00020000, shown="CLONE_NEWNS")  # from here on the host sees none of our mounts
     _libc_call(libc, "mount", None, b"/", None, rec | private, None)  # nor we any of its later ones
     _libc_call(libc, "mount", b"tmpfs", b"/tmp", b"tmpfs", nosuid | nodev, b"mode=755,size=1m")
     os.mkdir(_SCRATCH)
@@ -629,6 +679,8 @@ def _build_root(libc: object, libraries: list) -> None:
             open(target, "a").close()
         _libc_call(libc, "mount", path.encode(), target.encode(), None, bind, None)
         flags = remount | bind | nosuid | (0 if writable else rdonly)  # devices: not nodev
+        if rootless:
+            flags |= os.statvfs(target).f_flag & (nodev | noexec)
         _libc_call(libc, "mount", None, target.encode(), None, flags, None)
 
     stdlib = os.path.dirname(os.__file__)
@@ -688,6 +740,12 @@ def _launch(request: dict, fds: list, libc: object, stdlib_fd: int | None) -> No
         if request["isolated"]:
             try:
                 _enter_root(libc)
+                if request["rootless"]:
+                    # A user namespace per program, owning none of its other namespaces: RLIMIT_NPROC
+                    # (Linux 5.14+) counts the tasks of one user in one user namespace, so only this
+                    # program's, and its capabilities there reach neither its mounts nor anything else.
+                    _enter_user_namespace(libc, 0, "CLONE_NEWUSER")
+                    _drop_capabilities(libc)
             except OSError as e:
                 os.write(status_fd, f"error {e.strerror}\n".encode())
                 os._exit(1)
@@ -717,17 +775,19 @@ def _isolate(request: dict, source_fd: int, libc: object) -> None:
     nosuid_nodev_noexec, bind = 2 | 4 | 8, 4096
     size = b"size=%d,mode=755" % request["scratch_bytes"]
     _libc_call(libc, "mount", b"tmpfs", _SCRATCH.encode(), b"tmpfs", nosuid_nodev_noexec, size)
-    uid = request["uid"]
+    uid = request["uid"]  # None without root: the program keeps the host's uid, which owns these already
     for name, place in (("work", "/work"), ("tmp", "/tmp"), ("shm", "/dev/shm")):
         path = os.path.join(_SCRATCH, name)
         os.mkdir(path, 0o700)
-        os.chown(path, uid, uid)
+        if uid is not None:
+            os.chown(path, uid, uid)
         _libc_call(libc, "mount", path.encode(), (_ROOT + place).encode(), None, bind, None)
     program = os.path.join(_SCRATCH, "work", "solution.py")
     with open(program, "wb") as f:
         while chunk := os.read(source_fd, 1 << 16):
             f.write(chunk)
-    os.chown(program, uid, uid)
+    if uid is not None:
+        os.chown(program, uid, uid)
 
 
 def _enter_root(libc: object) -> None:
@@ -743,6 +803,37 @@ def _enter_root(libc: object) -> None:
     _libc_call(libc, "pivot_root", b".", b".")
     _libc_call(libc, "umount2", b".", 2)  # MNT_DETACH
     os.chdir("/work")
+
+
+def _enter_user_namespace(libc: object, also: int, shown: str) -> None:
+    """unshare(CLONE_NEWUSER | `also`), mapping only this process's uid and gid to themselves.
+
+    One id each is all an unprivileged process may map (more takes newuidmap, a setuid
+    helper). Denying setgroups first is what allows the gid map; the process keeps its
+    supplementary groups (they show as the overflow gid) and can neither drop nor add any.
+    """
+    import os
+
+    uid, gid = os.geteuid(), os.getegid()
+    _libc_call(libc, "unshare", 0x10000000 | also, shown=shown)
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+        try:
+            fd = os.open(f"/proc/self/{name}", os.O_WRONLY)
+            try:
+                os.write(fd, text.encode())  # one write(): the kernel takes a map only whole
+            finally:
+                os.close(fd)
+        except OSError as e:
+            raise OSError(e.errno, f"writing {text!r} to /proc/self/{name} failed: {e.strerror}") from None
+
+
+def _drop_capabilities(libc: object) -> None:
+    """Clear the effective, permitted and inheritable capabilities (those a new user namespace grants)."""
+    import ctypes
+
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    sets = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable of both 32-bit halves: none
+    _libc_call(libc, "capset", header, sets, shown="no capabilities")
 
 
 def _enter_sandbox(request: dict, libc: object, stdlib_fd: int | None) -> None:
@@ -882,7 +973,8 @@ def _audit_hook(writable: tuple, readable: tuple) -> object:
 
 
 _SERVER_FUNCTIONS = (
-    _audit_hook, _run_program, _enter_sandbox, _enter_root, _isolate, _launch, _build_root, _libc_call, _server_main,
+    _audit_hook, _run_program, _enter_sandbox, _drop_capabilities, _enter_user_namespace, _enter_root, _isolate,
+    _launch, _build_root, _libc_call, _server_main,
 )  # fmt: skip
 _SERVER_SOURCE = (
     f"_ROOT, _SCRATCH, _STDLIB = {_ROOT!r}, {_SCRATCH!r}, {_STDLIB!r}\n\n"

@@ -5,8 +5,10 @@ submission, concurrently with a correct program that must still score 1.0, twice
 the audit hook off (the operating system alone must contain every program) and on.
 Afterwards the host checks what the programs aimed at: its sockets heard nothing, its
 files are unchanged, nothing was left in /tmp or /dev/shm and no process survived.
-Tests named `test_os_*` also switch the hook off. Isolation needs root: these tests
-run as root in CI.
+Tests named `test_os_*` also switch the hook off. Isolation needs root or, for another
+user, unprivileged user namespaces. CI runs as root, so
+`test_without_root_the_os_layer_holds_in_user_namespaces` reruns the OS-layer tests
+(the battery with the hook off included) as an unprivileged uid.
 
 `python tests/envs/test_sandbox.py --write-docs` reruns the battery and writes its table
 into docs/environments.md.
@@ -41,6 +43,7 @@ from ragen2.envs.sandbox import (
     SANDBOX_UIDS,
     Limits,
     SandboxUnavailable,
+    _user_namespaces_missing,
     isolation,
     process_limits,
     run_program,
@@ -49,7 +52,13 @@ from ragen2.envs.sandbox import (
 from ragen2.errors import ConfigError
 
 ROOT = os.geteuid() == 0
-as_root = pytest.mark.skipif(not ROOT, reason="the OS-level isolation tested here needs root (see sandbox docstring)")
+USERNS_MISSING = _user_namespaces_missing()
+as_root = pytest.mark.skipif(not ROOT, reason="what is tested here needs root")
+isolated = pytest.mark.skipif(
+    not ROOT and USERNS_MISSING is not None, reason=f"no root and no user namespaces: {USERNS_MISSING}"
+)
+# The uid the OS-layer tests are rerun as without root: no account needed, outside SANDBOX_UIDS.
+UNPRIVILEGED_UID = 61700
 SLACK_S = 0.5  # a run may end this long after its wall limit (kill and reap)
 SLACK_MB = 16  # and hold this much more than its memory cap (the interpreter's own pages counted twice)
 BATTERY_LIMITS = Limits(wall_s=2.0, cpu_s=1, memory_mb=256)
@@ -85,6 +94,7 @@ def host_targets() -> Iterator[Targets]:
         Path(folder, leftover).write_text(SECRET)
         Path(folder, leftover).chmod(0o644)
     before = {path: _digest(path) for path in GRADER_FILES}
+    files_before = set() if ROOT else _sandbox_files()  # without root the programs' files are the host user's
     targets = Targets(
         tcp_port=tcp.getsockname()[1],
         unix_path=unix_path,
@@ -111,7 +121,7 @@ def host_targets() -> Iterator[Targets]:
         assert {path: _digest(path) for path in GRADER_FILES} == before
         time.sleep(0.2)  # a killed run's processes are being reaped
         assert not _sandbox_processes()
-        assert not _sandbox_files()
+        assert not _sandbox_files() - files_before
     finally:
         del os.environ["RAGEN2_FAKE_SECRET"]
         for s in listeners:
@@ -154,7 +164,7 @@ def _row(case: Hostile, outcomes: list[GradedTest], good: list[GradedTest]) -> d
     }
 
 
-@as_root
+@isolated
 @pytest.mark.parametrize("audit_hook", [False, True], ids=["os-alone", "with-audit-hook"])
 def test_hostile_battery_gets_its_reward_and_leaves_host_and_neighbours_alone(audit_hook):
     rows = run_battery(audit_hook)
@@ -186,7 +196,7 @@ def test_hostile_battery_gets_its_reward_and_leaves_host_and_neighbours_alone(au
         assert by_name["host abstract AF_UNIX socket"]["outcome"].startswith("ConnectionRefusedError")
 
 
-@as_root
+@isolated
 def test_reward_hacks_score_zero_on_every_builtin_problem():
     limits = Limits(**{**BATTERY_LIMITS.__dict__, "audit_hook": False})  # the OS alone keeps the tests out of reach
     with host_targets() as targets:
@@ -297,7 +307,61 @@ def test_isolation_report_as_root():
     }  # fmt: skip
 
 
+@pytest.mark.skipif(ROOT or USERNS_MISSING is not None, reason="for a user other than root with user namespaces")
+def test_isolation_report_without_root():
+    assert isolation() == {
+        "separate_uid": False, "pid_namespace": True, "network_namespace": True, "private_filesystem": True
+    }  # fmt: skip
+
+
 @as_root
+@pytest.mark.skipif(USERNS_MISSING is not None, reason=f"no user namespaces: {USERNS_MISSING}")
+def test_without_root_the_os_layer_holds_in_user_namespaces():
+    tests = "os-alone or test_os_ or test_isolation_report_without_root or test_output_and_exit_status"
+    with tempfile.TemporaryDirectory() as scratch:  # its tmp_path, removed afterwards
+        os.chown(scratch, UNPRIVILEGED_UID, UNPRIVILEGED_UID)
+        result = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--confcutdir", str(Path(__file__).parent),
+             "--basetemp", os.path.join(scratch, "pytest"), __file__, "-k", tests],
+            preexec_fn=_become_unprivileged,
+            env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )  # fmt: skip
+    summary = result.stdout.strip().rpartition("\n")[2]
+    assert result.returncode == 0 and re.fullmatch(r"6 passed, \d+ deselected in .*", summary), result.stdout[-5000:]
+
+
+def _become_unprivileged() -> None:
+    """In the child, still root: make this interpreter reachable for UNPRIVILEGED_UID, then become that uid.
+
+    The interpreter may live under a directory other users cannot enter (/root/.pyenv): a
+    tmpfs over that directory, in a mount namespace of the child's own, shows only the way in.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p)
+    prefix = Path(sys.base_prefix).resolve()
+    closed = [d for d in prefix.parents if not d.stat().st_mode & 0o001]
+    if closed:
+        top = closed[-1]
+        way_in = next(d for d in (prefix, *prefix.parents) if d.parent == top)
+        bind, rec, private = 4096, 16384, 1 << 18
+        if libc.unshare(0x00020000) != 0 or libc.mount(None, b"/", None, rec | private, None) != 0:  # CLONE_NEWNS
+            raise OSError(ctypes.get_errno(), "no mount namespace of its own")
+        fd = os.open(way_in, os.O_PATH)  # in the new namespace: a bind mount takes only its own mounts
+        if libc.mount(b"tmpfs", bytes(top), b"tmpfs", 0, b"mode=755") != 0:
+            raise OSError(ctypes.get_errno(), f"mounting a tmpfs on {top} failed")
+        (top / way_in.name).mkdir()
+        if libc.mount(f"/proc/self/fd/{fd}".encode(), bytes(top / way_in.name), None, bind | rec, None) != 0:
+            raise OSError(ctypes.get_errno(), f"binding {way_in} failed")
+        os.close(fd)
+    os.setgroups([])
+    os.setgid(UNPRIVILEGED_UID)
+    os.setuid(UNPRIVILEGED_UID)
+
+
+@isolated
 def test_os_only_the_runtime_and_private_writable_places(tmp_path):
     secret = tmp_path / "root_only.txt"
     secret.write_text("classified")
@@ -322,7 +386,7 @@ def test_os_only_the_runtime_and_private_writable_places(tmp_path):
     assert not os.path.exists(probe)
 
 
-@as_root
+@isolated
 def test_os_process_cap_and_no_survivors():
     program = (
         "import os, time\n"
@@ -339,12 +403,12 @@ def test_os_process_cap_and_no_survivors():
     )
     result = run_program(program, limits=Limits(audit_hook=False, max_processes=8, memory_mb=1024))
     count, errno_ = map(int, result.stdout.split())
-    assert count < 8 and errno_ == 11  # EAGAIN from RLIMIT_NPROC
+    assert count == 7 and errno_ == 11  # EAGAIN from RLIMIT_NPROC: it and 7 children; no other task counts
     time.sleep(0.2)
     assert not _sandbox_processes()
 
 
-@as_root
+@isolated
 def test_os_network_signals_and_environment():
     server = socket.create_server(("127.0.0.1", 0))
     server.settimeout(0)
@@ -360,11 +424,13 @@ def test_os_network_signals_and_environment():
         f"print(attempt(lambda: socket.create_connection(('127.0.0.1', {server.getsockname()[1]}), timeout=1)))\n"
         f"print(attempt(lambda: os.kill({os.getpid()}, 9)))\n"  # the host's pid means nothing in its namespace
         f"print(attempt(lambda: open('/proc/{os.getpid()}/environ').read()))\n"
-        "print('RAGEN2_FAKE_SECRET' in os.environ, os.getuid() in range(61000, 61512))"
+        "print('RAGEN2_FAKE_SECRET' in os.environ, os.getuid())"
     )
     try:
         result = run_program(program, limits=Limits(audit_hook=False))
-        assert result.stdout.split() == ["ENETUNREACH", "ESRCH", "ENOENT", "False", "True"], result.stderr
+        *refused, uid = result.stdout.split()
+        assert refused == ["ENETUNREACH", "ESRCH", "ENOENT", "False"], result.stderr
+        assert int(uid) in SANDBOX_UIDS if ROOT else int(uid) == os.getuid()  # without root: its own user namespace
         with pytest.raises(BlockingIOError):
             server.accept()
     finally:
@@ -407,29 +473,43 @@ def test_refusal_names_what_is_missing_and_the_config_key():
     assert isinstance(SandboxUnavailable("x"), ConfigError)
 
 
+def test_without_root_or_user_namespaces_the_refusal_says_what_to_enable(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: UNPRIVILEGED_UID)
+    monkeypatch.setattr(os, "uname", lambda: os.uname_result(("Linux", "host", "5.10.0", "#1", "x86_64")))
+    with pytest.raises(SandboxUnavailable) as refused:
+        ragen2.envs.sandbox._ForkServer(isolated=True)
+    message = str(refused.value)
+    assert "does not run as root, and Linux 5.10.0 is older than 5.14" in message
+    assert "kernel.unprivileged_userns_clone=1" in message and "limits: {allow_unsandboxed: true}" in message
+
+
 def _sandbox_processes() -> list[int]:
-    """Pids of live processes owned by a sandbox uid."""
+    """Pids of live processes owned by a sandbox uid; without root, of ours in another PID namespace."""
     found = []
+    own_pid_namespace = os.readlink("/proc/self/ns/pid")
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 status = Path(f"/proc/{entry}/status").read_text()
+                pid_namespace = os.readlink(f"/proc/{entry}/ns/pid")
             except OSError:
                 continue
             uid = int(re.search(r"^Uid:\s+(\d+)", status, flags=re.M).group(1))
-            if uid in SANDBOX_UIDS and "State:\tZ" not in status:
+            program = uid in SANDBOX_UIDS if ROOT else uid == os.getuid() and pid_namespace != own_pid_namespace
+            if program and "State:\tZ" not in status:
                 found.append(int(entry))
     return found
 
 
-def _sandbox_files() -> list[str]:
-    """Files owned by a sandbox uid in the host's /tmp and /dev/shm."""
-    found = []
+def _sandbox_files() -> set[str]:
+    """Files owned by a sandbox uid (without root: by us) in the host's /tmp and /dev/shm."""
+    owners = SANDBOX_UIDS if ROOT else (os.getuid(),)
+    found = set()
     for folder in ("/tmp", "/dev/shm"):
         for entry in os.scandir(folder):
             try:
-                if entry.stat(follow_symlinks=False).st_uid in SANDBOX_UIDS:
-                    found.append(entry.path)
+                if entry.stat(follow_symlinks=False).st_uid in owners:
+                    found.add(entry.path)
             except FileNotFoundError:  # removed meanwhile
                 continue
     return found
