@@ -26,6 +26,7 @@ import re
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -189,25 +190,35 @@ def warmstart(
     """
     config = make_config(seed, settings)
     out = Path(out_dir) if out_dir is not None else cache_path(config)
+    return save_atomically(out, config.key(), lambda tmp: _build(config, tmp, torch.device(device)), force)
+
+
+def save_atomically(out: Path, key: str, build: Callable[[Path], None], force: bool = False) -> Path:
+    """`build(tmp)` into a temporary sibling of `out`, renamed to `out` when complete; returns `out`.
+
+    Shared by every warm start so that none can leave a half-written directory that looks
+    complete. `out` is reused when its INFO_FILE holds `key` (unless `force`); a non-empty
+    `out` holding anything else is refused rather than overwritten.
+    """
     if out.exists() and not force:
-        if _stored_key(out) == config.key():
+        if _stored_key(out) == key:
             log.debug("warm start: reusing %s", out)
             return out
         if any(out.iterdir()):
             raise ConfigError(
-                f"{out} exists and does not hold a warm start with these settings (key {config.key()}); "
+                f"{out} exists and does not hold a warm start with these settings (key {key}); "
                 "choose another directory or pass force=True to replace it"
             )
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        _build(config, tmp, torch.device(device))
+        build(tmp)
         if force and out.exists():
             shutil.rmtree(out)
         try:
             os.rename(tmp, out)  # atomic; fails when `out` is a non-empty directory
         except OSError:
-            if _stored_key(out) != config.key():
+            if _stored_key(out) != key:
                 raise
             log.info("warm start: another process saved %s first; using it", out)
             shutil.rmtree(tmp)
@@ -362,7 +373,8 @@ def sft(
     every epoch from `rng`.
     """
     torch.manual_seed(config.seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=config.weight_decay)
+    trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters only
+    optimizer = torch.optim.AdamW(trainable, lr=config.lr, betas=(0.9, 0.95), weight_decay=config.weight_decay)
     model.train()
     losses: list[float] = []
     batches: list[list[int]] = []
@@ -377,10 +389,10 @@ def sft(
         loss = mixed_loss(model, parts, tokenizer.pad_token_id)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+        torch.nn.utils.clip_grad_norm_(trainable, config.grad_clip)
         optimizer.step()
         losses.append(loss.item())
-        if (step + 1) % 100 == 0 or step == config.steps - 1:
+        if (step + 1) % min(100, max(1, config.steps // 10)) == 0 or step == config.steps - 1:
             log.info(
                 "warm start: step %d/%d loss %.4f (mean of the last 100) lr %.2e (%.0fs)",
                 step + 1, config.steps, np.mean(losses[-100:]), _lr_at(step, config), time.perf_counter() - start,

@@ -1,0 +1,226 @@
+"""Warm start of a pretrained model: supervised fine-tuning (LoRA or full) on the solver demonstrations.
+
+A small pretrained instruct model (SmolLM2-135M) seldom answers in the
+`<think>..</think><answer>..</answer>` format (none of 72 turns at temperature 0.5,
+docs/environments.md), so most RL groups have no reward variance and the filter skips them.
+Fine-tuning it on the demonstrations the tiny policy learns from (`ragen2.models.demos`)
+teaches the format in minutes; RL then starts from a policy whose turns earn rewards.
+
+    demos ─► Conversation(base tokenizer) ─► SFT on the assistant tokens (warmstart.sft)
+        ─► merge LoRA ─► save_pretrained (atomic) ─► evaluate before / after ─► warmstart.json
+
+The demonstrations are rendered through `ragen2.agent.Conversation` with the base model's own
+tokenizer and chat template, so every training sequence is byte-identical to what a rollout
+of the same responses would store. The saved directory is a plain Hugging Face model (LoRA is
+merged into the weights): `model.path=OUT` loads it like any other model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from ragen2.errors import ConfigError
+from ragen2.models.warmstart import (
+    INFO_FILE,
+    WarmStartConfig,
+    default_cache_dir,
+    make_config,
+    make_demos,
+    save_atomically,
+    sft,
+)
+
+log = logging.getLogger(__name__)
+
+# Bump when the demonstrations' rendering, the training or the evaluation change.
+BASE_WARMSTART_VERSION = "1"
+
+# Sized on SmolLM2-135M with 2 shared CPU cores (docs/environments.md has the run): 40 LoRA
+# steps of about 10 s took its valid-format rate from 0 to 1; Sokoban's long samples are left
+# to a GPU.
+BASE_DEFAULTS: dict[str, Any] = {
+    "envs": ("bandit", "frozenlake"),
+    "episodes_per_env": 200,
+    "steps": 40,
+    "lr": 1e-3,
+    "warmup_steps": 5,
+    "batch_tokens": 1024,
+}
+# WarmStartConfig fields that describe the tiny model and its tokenizer; a pretrained base has its own.
+ARCHITECTURE_SETTINGS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size")
+
+
+@dataclass(frozen=True)
+class BaseWarmStartConfig:
+    """Everything that decides a pretrained model's warm start; its hash names the cache directory."""
+
+    base: str
+    """The pretrained model: a directory, a hub name, a .gguf file or `smollm2-135m`."""
+    demos: WarmStartConfig
+    """Demonstrations and SFT settings (envs, episodes_per_env, steps, lr, batch_tokens, ...), shared with the tiny warm start."""
+    lora_rank: int = 16
+    """LoRA rank on every linear layer, merged into the saved weights; 0 fine-tunes every weight."""
+    eval_episodes: int = 12
+    """Held-out episodes per environment for the before / after / random evaluation."""
+
+    def __post_init__(self) -> None:
+        if self.lora_rank < 0:
+            raise ConfigError(f"warmstart --lora-rank {self.lora_rank} is not allowed: use 0 (full fine-tuning) or a rank >= 1")
+        if self.eval_episodes < 0:
+            raise ConfigError(f"warmstart --eval-episodes {self.eval_episodes} is not allowed: use 0 (no evaluation) or more")
+
+    def key(self) -> str:
+        """Short hash of the settings and BASE_WARMSTART_VERSION: equal keys mean interchangeable results."""
+        blob = json.dumps({"version": BASE_WARMSTART_VERSION, **dataclasses.asdict(self)}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def make_base_config(base: str, seed: int = 0, lora_rank: int = 16, eval_episodes: int = 12, **settings: Any) -> BaseWarmStartConfig:
+    """`settings` (WarmStartConfig fields) over BASE_DEFAULTS; the tiny model's architecture fields are refused."""
+    misplaced = [k for k in settings if k in ARCHITECTURE_SETTINGS]
+    if misplaced:
+        raise ConfigError(
+            f"warmstart --base {base}: {', '.join(misplaced)} set(s) the tiny model's architecture, which a "
+            "pretrained base does not have; drop it, or use --lora-rank for the size of the update"
+        )
+    return BaseWarmStartConfig(
+        base=base, demos=make_config(seed, BASE_DEFAULTS | settings), lora_rank=lora_rank, eval_episodes=eval_episodes
+    )
+
+
+def base_cache_path(config: BaseWarmStartConfig, cache_dir: str | Path | None = None) -> Path:
+    """Where the warm start of `config` lives in the cache: named by the base and the settings' hash."""
+    name = Path(config.base.rstrip("/")).name.replace(".gguf", "") or "model"
+    return Path(cache_dir or default_cache_dir()) / f"warmstart-{name}-{config.key()}"
+
+
+def warmstart_base(
+    base: str, out_dir: str | Path | None = None, seed: int = 0, force: bool = False, device: str = "cpu",
+    lora_rank: int = 16, eval_episodes: int = 12, **settings: Any,
+) -> Path:
+    """Fine-tune the pretrained `base` on the solver demonstrations into `out_dir` (default: the cache); return it.
+
+    `settings` are WarmStartConfig fields (envs, episodes_per_env, steps, lr, warmup_steps,
+    batch_tokens, ...) over BASE_DEFAULTS. The directory appears atomically and is reused when
+    it already holds this warm start (unless `force`). Its warmstart.json records, per
+    environment, the held-out success and valid-format rates before and after fine-tuning and
+    the uniform-random agent's, each with its n and standard error.
+    """
+    config = make_base_config(base, seed=seed, lora_rank=lora_rank, eval_episodes=eval_episodes, **settings)
+    out = Path(out_dir) if out_dir is not None else base_cache_path(config)
+    return save_atomically(out, config.key(), lambda tmp: _build_base(config, tmp, device), force)
+
+
+def _build_base(config: BaseWarmStartConfig, out: Path, device: str) -> None:
+    from ragen2.models.loading import load_policy
+
+    start = time.perf_counter()
+    model, tokenizer = load_policy(config.base, device=device)
+    demos_config = config.demos
+    rng = np.random.default_rng(demos_config.seed)
+    demos = make_demos(demos_config, rng)
+    samples, env_of_sample = [], []
+    for ep in demos:
+        for sample in ep.conversation(tokenizer).samples():
+            samples.append(sample)
+            env_of_sample.append(demos_config.envs.index(ep.env_name))
+    lengths = [len(ids) for ids, _ in samples]
+    log.info("warm start of %s: %d samples, %d tokens (max length %d)", config.base, len(samples), sum(lengths), max(lengths))
+
+    evaluation = {env: {"before": _evaluate(model, tokenizer, env, config)} for env in demos_config.envs}
+    policy = model
+    if config.lora_rank:
+        from peft import LoraConfig, get_peft_model
+
+        lora = LoraConfig(r=config.lora_rank, lora_alpha=2 * config.lora_rank, lora_dropout=0.0, target_modules="all-linear")
+        model = get_peft_model(model, lora)
+        policy = model.get_base_model()  # the base with the adapters injected: what `sft` trains
+    sft_start = time.perf_counter()
+    losses = sft(policy, tokenizer, samples, env_of_sample, demos_config, rng)
+    sft_time = time.perf_counter() - sft_start
+    if config.lora_rank:
+        model = model.merge_and_unload()  # plain weights: the directory loads without peft
+    for env in demos_config.envs:
+        evaluation[env]["after"] = _evaluate(model, tokenizer, env, config)
+        evaluation[env]["random"] = _evaluate(None, tokenizer, env, config)
+
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    tail = losses[-max(1, len(losses) // 10) :]
+    info = {
+        "key": config.key(),
+        "version": BASE_WARMSTART_VERSION,
+        "base": config.base,
+        "settings": dataclasses.asdict(config),
+        "num_parameters": model.num_parameters(),
+        "num_samples": len(samples),
+        "num_tokens": sum(lengths),
+        "sft_loss_initial": losses[0],
+        "sft_loss_final": float(np.mean(tail)),
+        "sft_time_s": round(sft_time, 1),
+        "threads": torch.get_num_threads(),
+        "device": device,
+        "eval": evaluation,
+        "wall_time_s": round(time.perf_counter() - start, 1),
+    }
+    (out / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
+
+
+def _evaluate(
+    model: PreTrainedModel | None, tokenizer: PreTrainedTokenizerBase, env: str, config: BaseWarmStartConfig
+) -> dict[str, float]:
+    """Held-out success and valid-format rate of `model` (None: the uniform-random agent) on `env`'s preset,
+    with n and standard errors. The format rate is over turns; its error treats turns as independent."""
+    from ragen2.config import load_config
+    from ragen2.evaluate import evaluate, random_agent
+
+    n = config.eval_episodes
+    if n == 0:
+        return {"episodes": 0}
+    preset = load_config(env)
+    cfg = dataclasses.replace(preset.rollout, temperature=preset.trainer.eval_temperature)
+    if model is None:
+        metrics = random_agent(env, preset.env.kwargs, n, cfg, seed=config.demos.seed)
+        turns = round(metrics["eval/turns_mean"] * n)
+    else:
+        torch.manual_seed(config.demos.seed)
+        start = time.perf_counter()
+        metrics, trajectories = evaluate(model, tokenizer, env, preset.env.kwargs, cfg, n)
+        turns = sum(len(t.turns) for t in trajectories)
+        log.info("warm start: %s evaluated on %d episodes in %.0fs: %s", env, n, time.perf_counter() - start, metrics)
+    fmt = metrics["eval/valid_format_rate"]
+    return {
+        "episodes": n,
+        "success_rate": metrics["eval/success_rate"],
+        "success_stderr": metrics["eval/success_stderr"],
+        "valid_format_rate": fmt,
+        "valid_format_stderr": math.sqrt(fmt * (1 - fmt) / max(turns, 1)),
+        "turns": turns,
+        "return_mean": metrics["eval/return_mean"],
+    }
+
+
+def format_summary(path: str | Path) -> str:
+    """The before / after / random table of a warm start's warmstart.json, for the terminal."""
+    info = json.loads((Path(path) / INFO_FILE).read_text())
+    lines = [f"{'env':<12}{'agent':<8}{'n':>4}{'success':>16}{'valid format':>18}"]
+    for env, rows in info["eval"].items():
+        for agent, m in rows.items():
+            if m["episodes"]:
+                lines.append(
+                    f"{env:<12}{agent:<8}{m['episodes']:>4}{m['success_rate']:>9.3f} ± {m['success_stderr']:.3f}"
+                    f"{m['valid_format_rate']:>11.3f} ± {m['valid_format_stderr']:.3f}"
+                )
+    return "\n".join(lines)
