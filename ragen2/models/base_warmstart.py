@@ -36,6 +36,7 @@ from ragen2.models.warmstart import (
     INFO_FILE,
     WarmStartConfig,
     default_cache_dir,
+    demo_samples,
     make_config,
     make_demos,
     save_atomically,
@@ -131,11 +132,7 @@ def _build_base(config: BaseWarmStartConfig, out: Path, device: str) -> None:
     demos_config = config.demos
     rng = np.random.default_rng(demos_config.seed)
     demos = make_demos(demos_config, rng)
-    samples, env_of_sample = [], []
-    for ep in demos:
-        for sample in ep.conversation(tokenizer).samples():
-            samples.append(sample)
-            env_of_sample.append(demos_config.envs.index(ep.env_name))
+    samples, env_of_sample = demo_samples(demos, tokenizer, demos_config.envs)
     lengths = [len(ids) for ids, _ in samples]
     log.info("warm start of %s: %d samples, %d tokens (max length %d)", config.base, len(samples), sum(lengths), max(lengths))
 

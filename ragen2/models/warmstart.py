@@ -26,7 +26,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -282,11 +282,7 @@ def _build(config: WarmStartConfig, out: Path, device: torch.device) -> None:
     log.info("warm start: %d demonstration episodes in %.1fs", len(demos), time.perf_counter() - start)
 
     tokenizer = demo_tokenizer(demos, config.vocab_size)
-    samples, env_of_sample = [], []
-    for ep in demos:
-        for sample in ep.conversation(tokenizer).samples():
-            samples.append(sample)
-            env_of_sample.append(config.envs.index(ep.env_name))
+    samples, env_of_sample = demo_samples(demos, tokenizer, config.envs)
     lengths = [len(ids) for ids, _ in samples]
     log.info(
         "warm start: tokenizer of %d tokens; %d samples, %d tokens (max length %d)",
@@ -354,6 +350,17 @@ def _corpus(demos: list[DemoEpisode]) -> list[str]:
                 response = response.replace(tag, "\n")
             texts.append(response)
     return texts
+
+
+def demo_samples(demos: list[DemoEpisode], tokenizer: PreTrainedTokenizerBase, envs: Sequence[str]) -> tuple[list, list[int]]:
+    """Every training sample of `demos` in `tokenizer`'s chat template, and the index in `envs` of each
+    one's environment (the SFT loss is averaged per environment)."""
+    samples, env_of_sample = [], []
+    for ep in demos:
+        for sample in ep.conversation(tokenizer).samples():
+            samples.append(sample)
+            env_of_sample.append(list(envs).index(ep.env_name))
+    return samples, env_of_sample
 
 
 def sft(
