@@ -1,7 +1,7 @@
 """TextWorld challenges as ragen2 envs: generated per seed and cached, checked, and won by their walkthrough.
 
 Generating a game takes seconds, so each challenge is checked on one small game (cached in
-~/.cache/ragen2/textworld, or $RAGEN2_TEXTWORLD_CACHE, for later runs).
+textworld/ in ragen2's cache, or $RAGEN2_TEXTWORLD_CACHE, for later runs).
 """
 
 from __future__ import annotations

@@ -40,8 +40,11 @@ _REQUIRED_DEFAULTS: dict[str, dict[str, Any]] = {
 
 
 def cache_dir() -> Path:
-    """Where generated games are kept: $RAGEN2_TEXTWORLD_CACHE, else ~/.cache/ragen2/textworld."""
-    return Path(os.environ.get("RAGEN2_TEXTWORLD_CACHE", Path.home() / ".cache" / "ragen2" / "textworld"))
+    """Where generated games are kept: $RAGEN2_TEXTWORLD_CACHE, else textworld/ in ragen2's cache
+    ($RAGEN2_CACHE or ~/.cache/ragen2, where the policies and converted models are kept too)."""
+    from ragen2.models.warmstart import default_cache_dir
+
+    return Path(os.environ.get("RAGEN2_TEXTWORLD_CACHE") or default_cache_dir() / "textworld")
 
 
 def _settings(challenge: str, kwargs: dict[str, Any]) -> dict[str, Any]:
