@@ -6,7 +6,12 @@
 #      (benchmarks/step_throughput.py, Part 1); the same on the machine's CPU cores as the baseline;
 #   2. a 25M-parameter policy warm-started from scratch on the GPU, and its held-out success;
 #   3. experiments/filter_sokoban_gpu.yaml with that policy: the paper's filter vs none, 3 seeds,
-#      all six runs at once on the GPU.
+#      all six runs at once on the GPU;
+#   4. generation (benchmarks/generation.py) at the paper's batch shape of 8 x 16 episodes: the HF
+#      backend against a bare `model.generate`, prefix reuse against none, and a vLLM engine when
+#      vLLM imports; on a random model with Qwen2.5-0.5B's layers, and on SmolLM2-135M when
+#      SMOLLM2=path/to/SmolLM2-135M-Instruct.Q4_1.gguf is there (the machine cannot download; the
+#      98 MB file goes over in two parts, `split -b 60M`, joined with `cat` before this script).
 # Usage: OUT=results_dir bash benchmarks/gpu_checks.sh
 # The variables below shrink it for a rehearsal on a CPU (DEVICE=cpu and small settings);
 # DEADLINE_S stops the sweep in time to pack what it has when the whole script must end by then.
@@ -53,4 +58,11 @@ timeout $(( DEADLINE_S - ($(date +%s) - start) - 20 )) $PY -m ragen2 sweep exper
   --jobs "$SWEEP_JOBS" --threads "$SWEEP_THREADS" --out "$SWEEP_DIR"
 cat "$SWEEP_DIR/sweep.md"
 tar czf "$OUT/filter_sokoban_gpu.tgz" --exclude=checkpoints "$SWEEP_DIR"
+stage "4. generation at 8 x 16 on $DEVICE"
+vllm_flag=$($PY -c "import vllm" 2>/dev/null && echo --vllm || echo "")
+for model in random-0.5b ${SMOLLM2:-}; do
+  # shellcheck disable=SC2086  # vllm_flag is empty or one word
+  $PY benchmarks/generation.py --model "$model" --device "$DEVICE" --groups 8 --group-size 16 $vllm_flag \
+    --out "$OUT/generation_$(basename "$model").json" || echo "generation benchmark on $model failed"
+done
 stage "done"

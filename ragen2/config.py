@@ -82,9 +82,15 @@ class RolloutConfig:
     top_p: float = _f(1.0, "Nucleus sampling threshold.")
     backend: Literal["hf", "vllm"] = _f(
         "hf",
-        "Generation engine of training rollouts: hf (transformers `generate` on the policy) or vllm (a vLLM "
+        "Generation engine of training rollouts: hf (a decoding loop over the policy's own forward) or vllm (a vLLM "
         "engine in the same process, weights pushed after every update; needs vLLM in an environment of "
         "its own, docs/scaling.md). Evaluation and scoring always use the policy itself.",
+    )
+    prefix_reuse: bool = _f(
+        True,
+        "hf backend: each turn prefills only its new tokens, reusing the keys/values of the episode's earlier "
+        "turns and of the system prompt the batch shares; false prefills every prompt whole. Same samples "
+        "either way (up to float rounding). vLLM always uses its prefix cache.",
     )
     vllm_gpu_memory_utilization: float = _f(
         0.5,

@@ -39,7 +39,7 @@ def evaluate(
     valid_format_rate) and the trajectories.
     """
     seeds = envs.eval_seeds(episodes)
-    backend = HFBackend(model, tokenizer, batch_size=batch_size)
+    backend = HFBackend(model, tokenizer, batch_size=batch_size, prefix_reuse=cfg.prefix_reuse)
     trajectories = rollout(backend, tokenizer, env_name, env_kwargs, seeds, list(range(episodes)), cfg)
     return _eval_metrics(summarize(trajectories), [t.success for t in trajectories]), trajectories
 

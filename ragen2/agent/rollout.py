@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from transformers import PreTrainedTokenizerBase
 
 from ragen2 import envs
-from ragen2.agent.backends import GenerationBackend
+from ragen2.agent.backends import GenerationBackend, reuse_prefixes
 from ragen2.agent.conversation import Conversation, reasoning_span
 from ragen2.agent.parsing import parse_response
 from ragen2.agent.types import Trajectory, Turn
@@ -94,27 +94,28 @@ def rollout(
     episodes = [
         _start_episode(env_name, env_kwargs, seed, gid, tokenizer, cfg, stats) for seed, gid in zip(seeds, group_ids)
     ]
-    for turn in range(cfg.max_turns):
-        active = [i for i, e in enumerate(episodes) if not e.done]
-        if not active:
-            break
-        active_episodes = [episodes[i] for i in active]
-        for e in active_episodes:
-            e.conv.add_observation(e.observation, e.actions_left)
-        prompts = [e.conv.prompt_ids() for e in active_episodes]
-        turn_seeds = None if sample_seeds is None else [turn_seed(sample_seeds[i], turn) for i in active]
-        t0 = time.perf_counter()
-        outputs = backend.generate(
-            prompts, max_new_tokens=cfg.max_tokens_per_turn, temperature=cfg.temperature, top_p=cfg.top_p,
-            **({} if turn_seeds is None else {"seeds": turn_seeds}),
-        )
-        stats.generate_s += time.perf_counter() - t0
-        stats.generate_calls += 1
-        for e, prompt, out in zip(active_episodes, prompts, outputs):
-            e.conv.add_response(out.token_ids, out.text)
-            _play_turn(e, prompt, out.token_ids, out.text, tokenizer, cfg, stats)
-            if not e.done and turn == cfg.max_turns - 1:
-                e.done = e.traj.truncated = True
+    with reuse_prefixes(backend):  # an episode's next turn starts from the keys/values of its last one
+        for turn in range(cfg.max_turns):
+            active = [i for i, e in enumerate(episodes) if not e.done]
+            if not active:
+                break
+            active_episodes = [episodes[i] for i in active]
+            for e in active_episodes:
+                e.conv.add_observation(e.observation, e.actions_left)
+            prompts = [e.conv.prompt_ids() for e in active_episodes]
+            turn_seeds = None if sample_seeds is None else [turn_seed(sample_seeds[i], turn) for i in active]
+            t0 = time.perf_counter()
+            outputs = backend.generate(
+                prompts, max_new_tokens=cfg.max_tokens_per_turn, temperature=cfg.temperature, top_p=cfg.top_p,
+                **({} if turn_seeds is None else {"seeds": turn_seeds}),
+            )
+            stats.generate_s += time.perf_counter() - t0
+            stats.generate_calls += 1
+            for e, prompt, out in zip(active_episodes, prompts, outputs):
+                e.conv.add_response(out.token_ids, out.text)
+                _play_turn(e, prompt, out.token_ids, out.text, tokenizer, cfg, stats)
+                if not e.done and turn == cfg.max_turns - 1:
+                    e.done = e.traj.truncated = True
     for e in episodes:
         e.traj.samples = e.conv.samples()
         e.traj.episode_return = sum(t.reward for t in e.traj.turns)

@@ -285,7 +285,7 @@ def make_backend(run: Run) -> GenerationBackend:
         return VLLMBackend(
             run.policy, run.tokenizer, gpu_memory_utilization=r.vllm_gpu_memory_utilization, seed=run.config.trainer.seed
         )
-    return HFBackend(run.policy, run.tokenizer)
+    return HFBackend(run.policy, run.tokenizer, prefix_reuse=r.prefix_reuse)
 
 
 def push_weights(run: Run) -> None:

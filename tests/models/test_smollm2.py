@@ -184,6 +184,23 @@ def test_hf_generation_rolls_out_bandit_in_the_template_layout(smollm2):
         assert tokenizer.decode(ids, skip_special_tokens=False) == rendered
 
 
+@pytest.mark.slow
+def test_multi_turn_rollout_reuses_prefixes_with_the_same_samples(smollm2):
+    """Two FrozenLake turns, four episodes: with prefix reuse the same tokens and log-probabilities (a multi-token
+    `</answer>` stop string, a Llama model) as prefilling every prompt whole."""
+    model, tokenizer = smollm2
+    cfg = RolloutConfig(max_turns=2, max_actions_per_turn=1, max_tokens_per_turn=6, temperature=1.0)
+    runs = {
+        reuse: rollout(HFBackend(model, tokenizer, prefix_reuse=reuse), tokenizer, "frozenlake", {}, [1, 1, 2, 2],
+                       [0, 0, 1, 1], cfg, sample_seeds=[0, 1, 2, 3])
+        for reuse in (False, True)
+    }
+    for a, b in zip(runs[False], runs[True]):
+        assert [t.response_ids for t in a.turns] == [t.response_ids for t in b.turns]
+        assert a.samples == b.samples
+    assert sum(len(t.turns) for t in runs[True]) > len(runs[True])  # some episode played its second turn
+
+
 # ----------------------------------------------------------------------------- training, checkpoints, diagnose
 
 
