@@ -42,6 +42,7 @@ from ragen2.envs.bandit import BanditEnv
 from ragen2.envs.base import TextEnv
 from ragen2.envs.codeexec import CodeEnv
 from ragen2.envs.countdown import CountdownEnv
+from ragen2.envs.external.base import ExternalEnv
 from ragen2.envs.frozenlake import FrozenLakeEnv
 from ragen2.envs.mathqa import MathEnv
 from ragen2.envs.searchqa import SearchQAEnv
@@ -303,6 +304,19 @@ def webshop_demo(env: WebShopEnv, max_actions: int, rng: np.random.Generator) ->
     return solver_demo(env, max_actions, explain)
 
 
+def external_demo(env: ExternalEnv, max_actions: int, rng: np.random.Generator) -> str:
+    """Another suite's game, played by its solver or walkthrough; the reasoning states the plan.
+
+    Nothing is known about the game's text, so the reasoning cannot restate a state in a fixed
+    form as the built-in oracles do. The remaining plan is the next best thing: it is a
+    function of the state in front of the policy, so reasoning that copies it depends on the
+    input, and the answer is its first `max_actions` moves.
+    """
+    plan = _require(env.solve(), env)
+    shown = ", ".join(plan[:8]) + (", ..." if len(plan) > 8 else "")
+    return _response(f"Plan: {shown}.", plan[:max_actions])
+
+
 ORACLES: dict[type[TextEnv], Callable[[TextEnv, int, np.random.Generator], str]] = {
     SokobanEnv: sokoban_demo,
     FrozenLakeEnv: frozenlake_demo,
@@ -321,7 +335,7 @@ def demo_response(env: TextEnv, max_actions: int, rng: np.random.Generator) -> s
     `max_actions` caps the actions per turn (the rollout's `max_actions_per_turn`); `rng`
     draws the random choices some oracles make (the Bandit arm).
     """
-    oracle = ORACLES.get(type(env))
+    oracle = ORACLES.get(type(env)) or (external_demo if isinstance(env, ExternalEnv) else None)
     if oracle is None:
         supported = ", ".join(sorted(cls.__name__ for cls in ORACLES))
         raise ConfigError(f"no demonstration oracle for {type(env).__name__}; oracles exist for {supported}")

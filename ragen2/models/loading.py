@@ -55,11 +55,11 @@ def resolve_model_path(path: str | None) -> str:
     conversion) and cached; anything else is a model directory or hub name, returned as is.
     """
     if path is None or path == "tiny" or path.startswith("tiny:"):
-        from ragen2.envs import names
+        from ragen2.envs import exists, names
         from ragen2.models.warmstart import CORE_ENVS, ensure_tiny_policy
 
         envs = tuple(e.strip() for e in path.split(":", 1)[1].split(",")) if path and ":" in path else CORE_ENVS
-        unknown = [e for e in envs if e not in names()]
+        unknown = [e for e in envs if not exists(e)]
         if unknown:
             raise ConfigError(
                 f"model.path={path!r} names unknown environment(s) {unknown}; use tiny:ENV[,ENV...] with ENV in "
