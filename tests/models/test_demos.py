@@ -192,3 +192,22 @@ def test_unknown_environment_has_no_oracle():
 
     with pytest.raises(ConfigError, match="no demonstration oracle for Other"):
         demo_response(Other(), 2, np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("env_name", ["textarena:FrozenLake-v0", "textarena:TowerOfHanoi-v0", "gym:FrozenLake-v1"])
+def test_adapted_games_are_demonstrated_by_their_solver_with_the_plan_as_reasoning(env_name):
+    """Another suite's game: the reasoning states the remaining plan, the answer plays its first moves, and the
+    episode is won; a game without a solver is refused by name."""
+    pytest.importorskip(env_name.split(":")[0].replace("gym", "gymnasium"))
+    if env_name.startswith("gym:"):
+        with pytest.raises(ValueError, match="no solution"):
+            play_demo(env_name, {}, 0, 5, 2, np.random.default_rng(0))
+        return
+    episode = play_demo(env_name, {}, 3, 5, 2, np.random.default_rng(0))
+    assert episode.success
+    env = make(env_name)
+    env.reset(seed=3)
+    plan = env.solve()
+    first = parse_response(episode.turns[0].response, 2)
+    assert first.valid and first.actions == plan[:2]
+    assert first.reasoning.startswith("Plan: " + ", ".join(plan[:8]))
