@@ -11,9 +11,12 @@ alternation (different seeds each repeat); the greedy comparison generates ident
 on every side, so its ratio is of wall times.
 
 Part 2, a multi-turn rollout. P x G Sokoban episodes of up to 5 turns (the default rollout),
-played by `ragen2.agent.rollout` with the same sampling seeds, with `rollout.prefix_reuse`
-off and on, alternating over `--repeats`; checks that both sides sampled the same tokens and
-reports generated tokens per second of rollout time, and the ratio.
+played greedily by `ragen2.agent.rollout` with `rollout.prefix_reuse` off and on, alternating
+over `--repeats`; reports whether both sides generated the same tokens, the largest difference
+of a token's log-probability between them, generated tokens per second of rollout time, and the
+ratio. Greedy, because with sampling the two sides' float rounding differs by about 1e-5, and on
+a 49k-token vocabulary a uniform draw that lands among tail tokens narrower than that can pick a
+neighbour: the same distribution, not always the same token.
 
 `--model random-0.5b` is a randomly initialised Qwen2 with Qwen2.5-0.5B's layers (24 x 896,
 14 heads, 2 key/value heads, MLP 4864) on the tiny policy's tokenizer: no download, for a GPU
@@ -22,7 +25,7 @@ adds a vLLM engine holding the same weights to Part 1 (a GPU and vLLM's environm
 
     python benchmarks/generation.py [--model tiny|smollm2-135m|random-0.5b|DIR] [--device cpu|cuda] [--threads N]
         [--groups 8] [--group-size 8] [--max-new-tokens 64] [--turn-tokens 96] [--repeats 3] [--vllm]
-        [--skip-multi-turn] [--out generation.json]
+        [--skip-single-turn] [--skip-multi-turn] [--out generation.json]
 """
 
 from __future__ import annotations
@@ -138,18 +141,26 @@ def sync(model) -> None:
 
 
 def part_two(model, tokenizer, args) -> dict[str, Any]:
-    cfg = {reuse: RolloutConfig(max_tokens_per_turn=args.turn_tokens, prefix_reuse=reuse) for reuse in (False, True)}
+    cfg = {reuse: RolloutConfig(max_tokens_per_turn=args.turn_tokens, temperature=0.0, prefix_reuse=reuse)
+           for reuse in (False, True)}
     seeds, group_ids = group_seeds(0, args.groups, args.group_size)
-    sample_seeds = list(range(len(seeds)))
     stats = {reuse: RolloutStats() for reuse in (False, True)}
-    samples: dict[bool, list] = {}
+    outputs: dict[bool, list] = {}
     for repeat in range(args.repeats + 1):
         for reuse in ((False, True) if repeat % 2 else (True, False)):
             backend = HFBackend(model, tokenizer, prefix_reuse=reuse)
-            s = stats[reuse] if repeat else RolloutStats()
-            trajectories = rollout(backend, tokenizer, "sokoban", {}, seeds, group_ids, cfg[reuse], s, sample_seeds)
-            samples[reuse] = [t.samples for t in trajectories]
-    assert samples[False] == samples[True], "reuse changed the sampled tokens"
+            calls = outputs[reuse] = []
+            generate = backend.generate
+
+            def recorded(prompts, _generate=generate, _calls=calls, **kwargs):
+                _calls.append(out := _generate(prompts, **kwargs))
+                return out
+
+            backend.generate = recorded
+            rollout(backend, tokenizer, "sokoban", {}, seeds, group_ids, cfg[reuse], stats[reuse] if repeat else None)
+    pairs = [(a, b) for call_a, call_b in zip(outputs[False], outputs[True]) for a, b in zip(call_a, call_b)]
+    same = len(outputs[False]) == len(outputs[True]) and all(a.token_ids == b.token_ids for a, b in pairs)
+    logprob_gap = max(abs(x - y) for a, b in pairs for x, y in zip(a.logprobs, b.logprobs))
     rows = {}
     for reuse, s in stats.items():
         rows[f"prefix_reuse={str(reuse).lower()}"] = {
@@ -157,7 +168,8 @@ def part_two(model, tokenizer, args) -> dict[str, Any]:
             "generated_tokens": s.response_tokens // args.repeats, "tokens_per_s": round(s.response_tokens / s.total_s, 1),
         }
     speedup = rows["prefix_reuse=true"]["tokens_per_s"] / rows["prefix_reuse=false"]["tokens_per_s"]
-    return {"episodes": len(seeds), "same_samples": True, "sides": rows, "speedup": round(speedup, 3)}
+    return {"episodes": len(seeds), "same_tokens": same, "max_logprob_difference": logprob_gap, "sides": rows,
+            "speedup": round(speedup, 3)}
 
 
 def table(rows: dict[str, dict[str, Any]]) -> str:
@@ -178,6 +190,7 @@ def main() -> None:
     parser.add_argument("--turn-tokens", type=int, default=96, help="Part 2's cap on tokens per turn.")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--vllm", action="store_true", help="Add a vLLM engine to Part 1.")
+    parser.add_argument("--skip-single-turn", action="store_true")
     parser.add_argument("--skip-multi-turn", action="store_true")
     parser.add_argument("--out", default=None, help="Write the results as JSON here.")
     args = parser.parse_args()
@@ -187,14 +200,16 @@ def main() -> None:
     result: dict[str, Any] = {"model": args.model, "parameters": sum(p.numel() for p in model.parameters()),
                               "device": str(model.device), "threads": torch.get_num_threads(),
                               "batch": f"{args.groups}x{args.group_size}"}
-    result["single_turn"] = part_one(model, tokenizer, args)
-    for mode in ("sampled", "greedy"):
-        print(f"Part 1, {mode}, {args.groups}x{args.group_size} Bandit prompts, up to {args.max_new_tokens} tokens:")
-        print(table(result["single_turn"][mode]) + "\n")
+    if not args.skip_single_turn:
+        result["single_turn"] = part_one(model, tokenizer, args)
+        for mode in ("sampled", "greedy"):
+            print(f"Part 1, {mode}, {args.groups}x{args.group_size} Bandit prompts, up to {args.max_new_tokens} tokens:")
+            print(table(result["single_turn"][mode]) + "\n")
     if not args.skip_multi_turn:
         result["multi_turn"] = part_two(model, tokenizer, args)
-        print(f"Part 2, {args.groups}x{args.group_size} Sokoban episodes, up to {args.turn_tokens} tokens per turn "
-              f"(same samples: {result['multi_turn']['same_samples']}):")
+        multi = result["multi_turn"]
+        print(f"Part 2, {args.groups}x{args.group_size} Sokoban episodes, greedy, up to {args.turn_tokens} tokens per "
+              f"turn (same tokens: {multi['same_tokens']}, largest log-prob difference {multi['max_logprob_difference']:.2g}):")
         print(table(result["multi_turn"]["sides"]))
         print(f"speed-up with reuse: {result['multi_turn']['speedup']}x")
     if model.device.type == "cuda":
