@@ -37,7 +37,7 @@ import torch
 from ragen2.agent.types import Trajectory, Turn
 from ragen2.collapse.alarm import AlarmDecision, CollapseAlarm
 from ragen2.collapse.metrics import EmaState, mi_metrics
-from ragen2.collapse.scoring import score_matrix
+from ragen2.collapse.scoring import score_matrices
 from ragen2.config import CollapseConfig
 
 SCHEMES = ("first_turn", "trajectory")
@@ -97,18 +97,23 @@ class OnlineDiagnostics:
         `num_pairs` and `num_distinct_inputs` are always there to say why.
         """
         out: dict[str, float] = {}
+        drawn: dict[str, Pairs] = {}
         for stream, scheme in enumerate(SCHEMES):
             rng = np.random.default_rng([self.seed % 2**63, step, stream])
             sample = first_turn_pairs if scheme == "first_turn" else trajectory_pairs
-            pairs = sample(trajectories, self.config.num_samples, rng)
-            prefix = f"collapse_{scheme}/"
-            out[prefix + "valid_thinking_rate"] = pairs.valid_thinking_rate
-            if not pairs.reasonings:
-                out[prefix + "num_pairs"] = 0.0
-                continue
-            logp = score_matrix(
-                model, tokenizer, pairs.prompts, pairs.reasonings, micro_batch_size=self.config.micro_batch_size
-            )  # [M, P]
+            drawn[scheme] = sample(trajectories, self.config.num_samples, rng)
+            out[f"collapse_{scheme}/valid_thinking_rate"] = drawn[scheme].valid_thinking_rate
+            if not drawn[scheme].reasonings:
+                out[f"collapse_{scheme}/num_pairs"] = 0.0
+        scored = [scheme for scheme in SCHEMES if drawn[scheme].reasonings]
+        if not scored:
+            return out
+        matrices = score_matrices(  # together: the schemes share first prompts and first-turn reasonings
+            model, tokenizer, [(drawn[s].prompts, drawn[s].reasonings) for s in scored],
+            micro_batch_size=self.config.micro_batch_size,
+        )
+        for scheme, logp in zip(scored, matrices):  # logp [M, P]
+            pairs = drawn[scheme]
             result = mi_metrics(
                 logp,
                 np.array(pairs.source),
@@ -119,6 +124,7 @@ class OnlineDiagnostics:
                 marginal=self.config.marginal,
             )
             self.ema[scheme] = result.pop("ema_state")
+            prefix = f"collapse_{scheme}/"
             out.update({prefix + key: float(value) for key, value in result.items() if math.isfinite(value)})
         return out
 

@@ -4,7 +4,10 @@ This is the M x P matrix the MI proxies are computed from (SPEC §4). Done naive
 teacher-forced passes over [X_j | Z_m]; prompts are long (the whole dialogue so far) and
 reasonings short, so almost all of that work re-encodes the same P prompts. `score_matrix` runs
 each prompt once, keeps its key/value cache, and scores all M reasonings against copies of it in
-micro-batches. `score_matrix_naive` is the slow reference it is tested against.
+micro-batches; it also encodes a prefix that prompts share (the system prompt, an episode's
+earlier turns) once, and scores identical prompts or reasonings once; `score_matrices` does the
+same for several matrices at once, scoring what they share once. `score_matrix_naive` is the
+slow reference they are tested against.
 
 Works with any Hugging Face decoder-only causal LM, including PEFT-wrapped ones. The cache goes
 in under the forward's own name for it (`cache` in recent transformers, `past_key_values` before):
@@ -20,9 +23,19 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+from ragen2.agent.backends import cache_keyword
+from ragen2.agent.prefix_cache import common_prefix_length
 
 TokenIds = Sequence[int] | np.ndarray | torch.Tensor
+
+# What one more forward pass costs, in padded reasoning tokens: a micro-batch is split where that
+# saves more padding than this (on CPU a forward's fixed cost is that of some 40-70 tokens of the
+# tiny policy; on a GPU more, so the figure errs towards fewer, wider batches).
+FORWARD_COST = 256
 
 
 def score_matrix(
@@ -48,53 +61,80 @@ def score_matrix(
     Returns:
         logp: float64 [M, P], logp[m, j] = sum_t log p(Z_m[t] | X_j, Z_m[:t]).
 
-    Per distinct prompt (identical prompts, e.g. the first turns of one group, are scored once
-    and their column copied): one forward over X_j fills the cache and gives the logits that
-    predict Z_m[0]; then for each micro-batch the cache is repeated along the batch dimension,
-    the reasonings are right-padded, and one forward over them (positions len(X_j) + t) gives the
-    rest. Right padding is safe under causal attention: a real token never attends to a pad that
-    comes after it.
+    Identical prompts (the first turns of one group) and identical reasonings (a templated policy
+    writes many) are scored once and their column or row copied. Prompts are encoded along the
+    trie of their token sequences (`_prompt_caches`), so a prefix they share (the system prompt,
+    the earlier turns of one episode) runs once. Per distinct prompt, its cache and the logits
+    that predict Z_m[0] come from there; then for each micro-batch the cache is repeated along
+    the batch dimension, the reasonings are right-padded, and one forward over all but their last
+    token (positions len(X_j) + t) gives the rest. Right padding is safe under causal attention:
+    a real token never attends to a pad that comes after it.
     """
-    prompt_ts, reasoning_ts = _as_token_tensors(prompts, reasonings, micro_batch_size)
-    distinct: dict[tuple[int, ...], int] = {}
-    column_of = [distinct.setdefault(tuple(p.tolist()), len(distinct)) for p in prompt_ts]  # [P] -> distinct index
-    prompt_ts = [torch.tensor(key, dtype=torch.long) for key in distinct]
+    return score_matrices(
+        model, tokenizer_or_none, [(prompts, reasonings)], micro_batch_size=micro_batch_size, device=device
+    )[0]
+
+
+def score_matrices(
+    model: torch.nn.Module,
+    tokenizer_or_none: object | None,
+    blocks: Sequence[tuple[Sequence[TokenIds], Sequence[TokenIds]]],
+    *,
+    micro_batch_size: int = 32,
+    device: torch.device | str | None = None,
+) -> list[np.ndarray]:
+    """`score_matrix` of several (prompts, reasonings) blocks in one pass: one matrix [M_k, P_k] per block.
+
+    A prompt or a (prompt, reasoning) pair that blocks share is scored once: the online
+    diagnostics' two sampling schemes share the groups' first prompts as columns and often
+    draw the same first-turn reasonings. Each distinct prompt is scored against the distinct
+    reasonings of every block it is a column of.
+    """
+    if not blocks:
+        raise ValueError("blocks is empty: pass at least one (prompts, reasonings) pair of sequences")
+    tensors = [_as_token_tensors(prompts, reasonings, micro_batch_size) for prompts, reasonings in blocks]
+    prompt_index: dict[tuple[int, ...], int] = {}
+    reasoning_index: dict[tuple[int, ...], int] = {}
+    columns = [_indices(prompt_ts, prompt_index) for prompt_ts, _ in tensors]  # per block: [P_k] -> distinct prompt
+    rows = [_indices(reasoning_ts, reasoning_index) for _, reasoning_ts in tensors]  # [M_k] -> distinct reasoning
+    prompt_keys = list(prompt_index)
+    reasonings = [torch.tensor(z, dtype=torch.long) for z in reasoning_index]
+    needed: list[set[int]] = [set() for _ in prompt_keys]  # distinct reasonings to score under each prompt
+    for block_columns, block_rows in zip(columns, rows):
+        for j in set(block_columns.tolist()):
+            needed[j].update(block_rows.tolist())
     device = _resolve_device(model, device)
-    batches = list(_micro_batches(reasoning_ts, micro_batch_size, _pad_id(tokenizer_or_none), device))
-    logp = np.empty((len(reasoning_ts), len(prompt_ts)), dtype=np.float64)
+    batches: dict[tuple[int, ...], list[tuple[np.ndarray, torch.Tensor, torch.Tensor]]] = {}  # per reasoning set
+    logp = np.full((len(reasonings), len(prompt_keys)), np.nan)
     cache_arg = cache_keyword(model)
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
-            for j, prompt in enumerate(prompt_ts):
-                prompt = prompt.to(device)[None]  # [1, Lp]
-                prefix_cache = DynamicCache(config=model.config)
-                out = model(input_ids=prompt, use_cache=True, **{cache_arg: prefix_cache})
-                first_logp = torch.log_softmax(out.logits[0, -1].float(), dim=-1)  # [V], predicts Z[0]
-                for rows, tokens, mask in batches:
+            for j, prefix_cache, last_logits in _prompt_caches(model, prompt_keys, cache_arg, device):
+                prompt_len = len(prompt_keys[j])
+                first_logp = torch.log_softmax(last_logits.float(), dim=-1)  # [V], predicts Z[0]
+                wanted = tuple(sorted(needed[j]))
+                if wanted not in batches:
+                    subset = [reasonings[i] for i in wanted]
+                    batches[wanted] = [(np.array(wanted)[local], tokens, mask) for local, tokens, mask in
+                                       _micro_batches(subset, micro_batch_size, _pad_id(tokenizer_or_none), device)]
+                for batch_rows, tokens, mask in batches[wanted]:
                     b, t = tokens.shape
-                    cache = copy.deepcopy(prefix_cache)
-                    cache.batch_repeat_interleave(b)
-                    attention_mask = torch.cat([mask.new_ones(b, prompt.shape[1]), mask], dim=1)  # [b, Lp+T]
-                    positions = prompt.shape[1] + torch.arange(t, device=device).expand(b, t)  # [b, T]
-                    logits = model(
-                        input_ids=tokens, attention_mask=attention_mask, position_ids=positions, **{cache_arg: cache}
-                    ).logits  # [b, T, V]; logits[:, t] predicts tokens[:, t + 1]
-                    token_logp = torch.cat(
-                        [first_logp[tokens[:, :1]], _target_logp(logits[:, :-1], tokens[:, 1:])], dim=1
-                    )  # [b, T]
-                    logp[rows, j] = _masked_sum(token_logp, mask)
+                    token_logp = first_logp[tokens[:, :1]]  # [b, 1]
+                    if t > 1:  # the last token predicts nothing that is scored: it is not fed
+                        cache = _repeated(prefix_cache, b)
+                        attention_mask = torch.cat([mask.new_ones(b, prompt_len), mask[:, :-1]], dim=1)  # [b, Lp+T-1]
+                        positions = prompt_len + torch.arange(t - 1, device=device).expand(b, t - 1)  # [b, T-1]
+                        logits = model(
+                            input_ids=tokens[:, :-1], attention_mask=attention_mask, position_ids=positions,
+                            **{cache_arg: cache},
+                        ).logits  # [b, T-1, V]; logits[:, t] predicts tokens[:, t + 1]
+                        token_logp = torch.cat([token_logp, _target_logp(logits, tokens[:, 1:])], dim=1)  # [b, T]
+                    logp[batch_rows, j] = _masked_sum(token_logp, mask)
     finally:
         model.train(was_training)
-    return logp[:, column_of]
-
-
-def cache_keyword(model: torch.nn.Module) -> str:
-    """The forward's keyword for a key/value cache: `cache` (recent transformers) or `past_key_values` (older)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT forwards take **kwargs
-    params = inspect.signature(base.forward).parameters
-    return "past_key_values" if "past_key_values" in params and "cache" not in params else "cache"
+    return [logp[np.ix_(block_rows, block_columns)] for block_rows, block_columns in zip(rows, columns)]
 
 
 def score_matrix_naive(
@@ -135,14 +175,82 @@ def score_matrix_naive(
     return logp
 
 
+def _prompt_caches(
+    model: torch.nn.Module, prompts: list[tuple[int, ...]], cache_arg: str, device: torch.device
+) -> Iterator[tuple[int, DynamicCache, torch.Tensor]]:
+    """Yield (j, KV cache of prompts[j], logits [V] at its last token) for every prompt, in trie order.
+
+    The prompts are sorted, so those sharing a prefix are adjacent; the shared part is encoded
+    once and its cache copied where the prompts part. The yielded cache is only valid until the
+    next item (a prompt that continues it, such as an episode's earlier turn and its later turns,
+    extends it in place): the caller must not extend it itself, nor keep it.
+    """
+    order = sorted(range(len(prompts)), key=prompts.__getitem__)
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    last_only = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(base.forward).parameters else {}
+
+    def extend(cache: DynamicCache, tokens: tuple[int, ...]) -> torch.Tensor:
+        """Feed `tokens` after what `cache` holds; only the last position's logits are needed."""
+        ids = torch.tensor([tokens], dtype=torch.long, device=device)
+        return model(input_ids=ids, use_cache=True, **{cache_arg: cache}, **last_only).logits[0, -1]
+
+    def walk(
+        group: list[int], depth: int, cache: DynamicCache, logits: torch.Tensor | None
+    ) -> Iterator[tuple[int, DynamicCache, torch.Tensor]]:
+        """`group`: sorted prompts sharing their first `depth` tokens, which `cache` holds."""
+        first = prompts[group[0]]
+        shared = common_prefix_length([first, prompts[group[-1]]])  # sorted: the first and last share the least
+        if shared > depth:
+            logits = extend(cache, first[depth:shared])
+        if len(first) == shared:  # a prompt that ends here (sorted first): all others continue it
+            yield group[0], cache, logits
+            group = group[1:]
+        children: list[list[int]] = []  # runs of the group with the same next token
+        for j in group:
+            if children and prompts[children[-1][0]][shared] == prompts[j][shared]:
+                children[-1].append(j)
+            else:
+                children.append([j])
+        for i, child in enumerate(children):
+            last = i == len(children) - 1
+            yield from walk(child, shared, cache if last else copy.deepcopy(cache), logits)
+
+    yield from walk(order, 0, DynamicCache(config=model.config), None)
+
+
+def _repeated(cache: DynamicCache, b: int) -> DynamicCache:
+    """`cache` repeated b times along the batch, leaving `cache` as it was.
+
+    Plain dynamic layers (full or sliding attention) grow by `torch.cat` and never write into
+    their tensors, so the copy holds expanded views of the prefix and the forward's concatenation
+    makes the one copy it needs; a cache with any other kind of layer is copied in full.
+    """
+    if not all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in cache.layers):
+        repeated = copy.deepcopy(cache)
+        repeated.batch_repeat_interleave(b)
+        return repeated
+    repeated = copy.copy(cache)
+    repeated.layers = [copy.copy(layer) for layer in cache.layers]
+    for layer in repeated.layers:
+        if layer.is_initialized:
+            layer.keys = layer.keys.expand(b, -1, -1, -1)
+            layer.values = layer.values.expand(b, -1, -1, -1)
+    return repeated
+
+
+def _indices(seqs: list[torch.Tensor], index: dict[tuple[int, ...], int]) -> np.ndarray:
+    """Each sequence's number among the distinct ones, numbered by first appearance in `index` (updated)."""
+    return np.array([index.setdefault(tuple(s.tolist()), len(index)) for s in seqs])
+
+
 def _target_logp(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """log softmax(logits)[target] in float32 without materialising the full log-softmax.
 
-    logits [B, T, V], targets [B, T] -> [B, T].
+    logits [B, T, V], targets [B, T] -> [B, T]. Cross-entropy is that quantity, negated, in one
+    fused pass (about twice as fast on CPU as a gather and a logsumexp).
     """
-    logits = logits.float()
-    picked = logits.gather(-1, targets[..., None])[..., 0]
-    return picked - torch.logsumexp(logits, dim=-1)
+    b, t, v = logits.shape
+    return -F.cross_entropy(logits.float().reshape(b * t, v), targets.reshape(b * t), reduction="none").view(b, t)
 
 
 def _masked_sum(token_logp: torch.Tensor, mask: torch.Tensor) -> np.ndarray:
@@ -155,12 +263,12 @@ def _micro_batches(
 ) -> Iterator[tuple[np.ndarray, torch.Tensor, torch.Tensor]]:
     """Yield (row indices [b], right-padded tokens [b, T], mask [b, T]) over the reasonings.
 
-    Rows are taken in order of length so each batch pads little; the indices say where each
-    result goes.
+    Rows are taken in order of length, in runs chosen by `_runs` so that one long reasoning does
+    not pad a whole batch to its length; the indices say where each result goes.
     """
     order = np.argsort([len(z) for z in reasonings], kind="stable")
-    for start in range(0, len(order), size):
-        rows = order[start : start + size]
+    for start, stop in _runs([len(reasonings[i]) for i in order], size):
+        rows = order[start:stop]
         batch = [reasonings[i] for i in rows]
         width = max(len(z) for z in batch)
         tokens = torch.full((len(batch), width), pad_id, dtype=torch.long)
@@ -169,6 +277,26 @@ def _micro_batches(
             tokens[r, : len(z)] = z
             mask[r, : len(z)] = 1
         yield rows, tokens.to(device), mask.to(device)
+
+
+def _runs(lengths: list[int], size: int) -> list[tuple[int, int]]:
+    """Split sorted `lengths` into runs of at most `size`, minimising padded tokens + FORWARD_COST per run.
+
+    Dynamic programming over the cut points: best[i] is the cheapest split of the first i rows,
+    and a run's padded tokens are its row count times its last (longest) length.
+    """
+    best = [0.0] + [float("inf")] * len(lengths)
+    start_of = [0] * (len(lengths) + 1)
+    for stop in range(1, len(lengths) + 1):
+        for start in range(max(0, stop - size), stop):
+            cost = best[start] + (stop - start) * lengths[stop - 1] + FORWARD_COST
+            if cost < best[stop]:
+                best[stop], start_of[stop] = cost, start
+    runs, stop = [], len(lengths)
+    while stop > 0:
+        runs.append((start_of[stop], stop))
+        stop = start_of[stop]
+    return runs[::-1]
 
 
 def _as_token_tensors(
