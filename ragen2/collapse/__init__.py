@@ -3,7 +3,7 @@
 from ragen2.collapse.alarm import AlarmDecision, CollapseAlarm
 from ragen2.collapse.metrics import EmaState, mi_metrics
 from ragen2.collapse.online import OnlineDiagnostics, StepResult
-from ragen2.collapse.scoring import score_matrix, score_matrix_naive
+from ragen2.collapse.scoring import score_matrices, score_matrix, score_matrix_naive
 
 __all__ = [
     "AlarmDecision",
@@ -12,6 +12,7 @@ __all__ = [
     "OnlineDiagnostics",
     "StepResult",
     "mi_metrics",
+    "score_matrices",
     "score_matrix",
     "score_matrix_naive",
 ]
