@@ -6,29 +6,12 @@ import numpy as np
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from ragen2.collapse import mi_metrics, score_matrix, score_matrix_naive
+from scoring_models import VOCAB, tiny_llama, tiny_qwen2
 
-VOCAB = 64
 PROMPT_LENGTHS = (9, 3, 14, 1, 9)
 REASONING_LENGTHS = (4, 1, 11, 6, 2, 8, 5)  # M = 7: micro-batches of 3 leave a remainder
-
-
-def tiny_qwen2(attn_implementation: str = "sdpa", **overrides) -> Qwen2ForCausalLM:
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        attn_implementation=attn_implementation,
-        **overrides,
-    )
-    return Qwen2ForCausalLM(config)
 
 
 def token_ids(lengths, seed):
@@ -74,19 +57,10 @@ def test_batched_naive_equals_unbatched(naive_qwen2, micro_batch_size):
 
 
 def test_eager_attention_and_llama():
-    for model in (tiny_qwen2("eager"), _tiny_llama()):
+    for model in (tiny_qwen2("eager"), tiny_llama()):
         expected = score_matrix_naive(model, None, PROMPTS, REASONINGS, micro_batch_size=len(REASONINGS))
         got = score_matrix(model, None, PROMPTS, REASONINGS, micro_batch_size=2)
         np.testing.assert_allclose(got, expected, atol=1e-4, rtol=0)
-
-
-def _tiny_llama() -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128,
-    )  # fmt: skip
-    return LlamaForCausalLM(config)
 
 
 def test_lora_wrapped_model():

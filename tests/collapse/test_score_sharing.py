@@ -10,16 +10,16 @@ import numpy as np
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 import ragen2.collapse.online as online
 from ragen2.collapse import OnlineDiagnostics, score_matrix, score_matrix_naive
 from ragen2.collapse.scoring import FORWARD_COST, _repeated, _runs, score_matrices
 from ragen2.config import CollapseConfig
+from scoring_models import VOCAB, tiny_llama, tiny_qwen2
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-VOCAB = 64
 THINK, ANSWER = 1, 2
 
 
@@ -45,24 +45,6 @@ def dialogue_inputs() -> tuple[list[list[int]], list[list[int]]]:
 
 
 PROMPTS, REASONINGS = dialogue_inputs()
-
-
-def tiny_qwen2(attn_implementation: str = "sdpa", **overrides) -> Qwen2ForCausalLM:
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, attn_implementation=attn_implementation, **overrides,
-    )  # fmt: skip
-    return Qwen2ForCausalLM(config)
-
-
-def tiny_llama() -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128,
-    )  # fmt: skip
-    return LlamaForCausalLM(config)
 
 
 def lora_qwen2() -> torch.nn.Module:
