@@ -47,7 +47,6 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-QUIET = ["trainer.eval_every=0", "trainer.save_every=0", "logging.progress=false", "logging.tensorboard=false"]
 SIDES = ("before", "after")
 
 
@@ -58,6 +57,7 @@ def run_side(steps: int, run_dir: Path, overrides: list[str]) -> dict[str, Any]:
     from ragen2.config import load_config
     from ragen2.rl.trainer import train
     from ragen2.tracking import read_metrics
+    from step_throughput import QUIET, step_time  # imported here, so that ragen2 comes from this side's tree
 
     config = load_config(None, [*QUIET, f"trainer.total_steps={steps}", f"trainer.run_dir={run_dir}", *overrides])
     train(config)
@@ -67,7 +67,7 @@ def run_side(steps: int, run_dir: Path, overrides: list[str]) -> dict[str, Any]:
             continue
         rows.append({
             "step": record["step"],
-            "step_s": record["timing_s/step"] - (record.get("timing_s/checkpoint") or 0.0),
+            "step_s": step_time(record),
             "collapse_s": record.get("timing_s/collapse"),
             "collapse": {k: v for k, v in record.items() if k.startswith("collapse_")},
             "return_mean": record["rollout/return_mean"],

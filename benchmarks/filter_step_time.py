@@ -35,6 +35,7 @@ import numpy as np
 from ragen2.config import load_config
 from ragen2.rl.trainer import train
 from ragen2.tracking import read_metrics
+from step_throughput import step_time
 
 VARIANTS = {
     "filter": ["filter.strategy=top_p", "filter.value=0.9", "filter.include_zero=false"],
@@ -62,7 +63,7 @@ def run_variant(args: argparse.Namespace, variant: str, run_dir: Path) -> list[d
             continue
         rows.append({
             "step": record["step"],
-            "step_s": record["timing_s/step"] - (record.get("timing_s/checkpoint") or 0.0),
+            "step_s": step_time(record),
             "rollout_s": record["timing_s/rollout"],
             "advantage_s": record.get("timing_s/advantage") or 0.0,  # absent on a skipped step
             "update_s": record.get("timing_s/update") or 0.0,

@@ -130,6 +130,7 @@ class HFBackend:
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.eos_ids, self.stop_ids, self.stop_texts = stop_tokens(model, tokenizer, stop_strings)
+        self._stop_set = set(self.eos_ids) | set(self.stop_ids)  # every id that ends a row
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         self.prefix_reuse = prefix_reuse and _full_attention(model)
         self._store: PrefixStore | None = None
@@ -218,7 +219,7 @@ class HFBackend:
         cache = self._cache_of(prefixes, width_c)
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
                          logits_to_keep=1, **{self._cache_arg: cache})
-        stop_ids = torch.tensor(sorted(set(self.eos_ids) | set(self.stop_ids)), device=device)
+        stop_ids = torch.tensor(sorted(self._stop_set), device=device)
         live = torch.arange(rows, device=device)  # original row of each row still in the batch
         running = torch.ones(rows, dtype=torch.bool, device=device)  # not finished (finished rows wait to be dropped)
         tokens = torch.empty(rows, 0, dtype=torch.long, device=device)  # [b, t] generated so far
@@ -297,8 +298,7 @@ class HFBackend:
 
     def _finish(self, ids: list[int], logprobs: list[float]) -> GenerationOutput:
         """Cut a generated row after its first stop; rows that never stopped used the full budget."""
-        stops = set(self.eos_ids) | set(self.stop_ids)
-        cut = next((i + 1 for i, t in enumerate(ids) if t in stops), None)
+        cut = next((i + 1 for i, t in enumerate(ids) if t in self._stop_set), None)
         if self.stop_texts:
             text_cut = self._first_stop_text_end(ids if cut is None else ids[:cut])
             cut = text_cut if text_cut is not None else cut
