@@ -22,7 +22,8 @@ is one run of `ragen2 train` in its own directory, named from its values:
 `warmstart` lets an experiment bring its own policy, e.g. one warm-started only part of the way
 so that RL has room to improve it: the sweep builds it like `ragen2 warmstart` (once; cached by
 its settings) and sets `model.path` to it, unless an override sets `model.path`. `device: cuda`
-in it fine-tunes on a GPU.
+in it fine-tunes on a GPU. With `base: MODEL` it fine-tunes that pretrained model instead, like
+`ragen2 warmstart --base` (keys `lora_rank` and `eval_episodes` as well).
 
 `preset` may also be an axis or sit in a bundle (environments need their own presets). The
 run of algo.name=ppo, filter=paper, seed 1 lives in `OUT/algo.name=ppo__filter=paper__seed=1`.
@@ -182,30 +183,52 @@ def load_spec(path: Path) -> Spec:
     )
 
 
-def _check_warmstart(path: Path, settings: Any) -> dict[str, Any]:
-    """The spec's `warmstart` mapping, checked by building its WarmStartConfig (nothing is trained)."""
-    from ragen2.models.warmstart import WarmStartConfig, make_config
+# Keys of a spec's `warmstart` that are not WarmStartConfig fields: where it trains, and with `base`, the
+# pretrained model and how it is fine-tuned (ragen2.models.base_warmstart).
+WARMSTART_RUN_KEYS = ("seed", "device")
+BASE_WARMSTART_KEYS = ("base", "lora_rank", "eval_episodes")
 
-    allowed = [f.name for f in fields(WarmStartConfig)] + ["device"]
+
+def _check_warmstart(path: Path, settings: Any) -> dict[str, Any]:
+    """The spec's `warmstart` mapping, checked by building its (Base)WarmStartConfig (nothing is trained)."""
+    from ragen2.models.base_warmstart import ARCHITECTURE_SETTINGS
+    from ragen2.models.warmstart import WarmStartConfig
+
     if not isinstance(settings, dict):
         raise ConfigError(f"{path}: warmstart must map warm-start settings to values, e.g. {{envs: [frozenlake], steps: 700}}")
+    allowed = [f.name for f in fields(WarmStartConfig)] + list(WARMSTART_RUN_KEYS)
+    if "base" in settings:
+        allowed = [k for k in allowed if k not in ARCHITECTURE_SETTINGS] + list(BASE_WARMSTART_KEYS)
     for key in settings:
         if key not in allowed:
             raise ConfigError(f"{path}: unknown warmstart key {key!r}; valid: {', '.join(allowed)}." + did_you_mean(key, allowed))
     settings = {k: tuple(v) if k == "envs" else v for k, v in settings.items()}
-    make_config(settings.get("seed", 0), {k: v for k, v in settings.items() if k not in ("seed", "device")})
+    _warmstart_config(settings)
     return settings
+
+
+def _warmstart_config(settings: dict[str, Any]) -> Any:
+    """The WarmStartConfig, or with `base` the BaseWarmStartConfig, that a spec's `warmstart` describes."""
+    from ragen2.models.base_warmstart import make_base_config
+    from ragen2.models.warmstart import make_config
+
+    seed = settings.get("seed", 0)
+    config_settings = {k: v for k, v in settings.items() if k not in WARMSTART_RUN_KEYS}
+    if "base" in config_settings:
+        return make_base_config(seed=seed, **config_settings)
+    return make_config(seed, config_settings)
 
 
 def warmstart_policy(settings: dict[str, Any], build: bool) -> Path:
     """The directory of the spec's warm-started policy in the cache; trained first when `build` and not cached."""
-    from ragen2.models.warmstart import cache_path, make_config, warmstart
+    from ragen2.models.base_warmstart import base_cache_path, warmstart_base
+    from ragen2.models.warmstart import cache_path, warmstart
 
     seed, device = settings.get("seed", 0), settings.get("device", "cpu")
-    config_settings = {k: v for k, v in settings.items() if k not in ("seed", "device")}
-    if build:
-        return warmstart(seed=seed, device=device, **config_settings)
-    return cache_path(make_config(seed, config_settings))
+    config_settings = {k: v for k, v in settings.items() if k not in WARMSTART_RUN_KEYS}
+    if "base" in config_settings:
+        return warmstart_base(seed=seed, device=device, **config_settings) if build else base_cache_path(_warmstart_config(settings))
+    return warmstart(seed=seed, device=device, **config_settings) if build else cache_path(_warmstart_config(settings))
 
 
 # ----------------------------------------------------------------------------- running

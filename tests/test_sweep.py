@@ -69,6 +69,9 @@ def test_grid_expansion_names_overrides_and_exclusions(tmp_path):
         ({"axes": {"algo.name": ["grpo"]}, "exclude": [{"algo": "grpo"}]}, r"exclude names 'algo', which is not an axis"),
         ({"warmstart": {"stpes": 3}}, r"unknown warmstart key 'stpes'.*Did you mean: steps"),
         ({"warmstart": {"envs": ["frozenlake"], "steps": 0}}, r"warmstart steps=0 is not allowed"),
+        ({"warmstart": {"base": "smollm2-135m", "hidden_size": 64}}, r"unknown warmstart key 'hidden_size'"),
+        ({"warmstart": {"base": "smollm2-135m", "lora_rank": -1}}, r"--lora-rank -1 is not allowed"),
+        ({"warmstart": {"envs": ["bandit"], "lora_rank": 4}}, r"unknown warmstart key 'lora_rank'"),
     ],
 )
 def test_bad_specs_refused(tmp_path, spec, message):
@@ -233,3 +236,19 @@ def test_running_some_seeds_keeps_the_whole_grid_in_the_tables(tmp_path, save_ra
     # Two processes may each run some of the seeds: the grid, and so the tables, still list every run.
     assert [r["name"] for r in sweep.read_grid(out)["runs"]] == ["seed=0", "seed=1"]
     assert [(r["run"], r["status"]) for r in sweep.read_sweep(out)] == [("seed=0", "missing"), ("seed=1", "done")]
+
+
+def test_spec_warmstart_with_a_base_fine_tunes_that_model(tmp_path, monkeypatch, save_random_policy):
+    from ragen2.models.base_warmstart import base_cache_path, make_base_config
+
+    monkeypatch.setenv("RAGEN2_CACHE", str(tmp_path / "cache"))
+    save_random_policy(tmp_path / "base")
+    settings = {"base": str(tmp_path / "base"), "envs": ["bandit"], "episodes_per_env": 4, "steps": 1,
+                "warmup_steps": 1, "lora_rank": 2, "eval_episodes": 0}
+    spec = sweep.load_spec(write_spec(tmp_path / "ws.yaml", {"preset": "bandit", "warmstart": settings, "seeds": [0]}))
+    expected = base_cache_path(make_base_config(str(tmp_path / "base"), envs=("bandit",), episodes_per_env=4, steps=1,
+                                                warmup_steps=1, lora_rank=2, eval_episodes=0))
+    assert sweep.warmstart_policy(spec.warmstart, build=False) == expected and not expected.exists()
+    assert sweep.warmstart_policy(spec.warmstart, build=True) == expected
+    info = json.loads((expected / "warmstart.json").read_text())
+    assert info["base"] == str(tmp_path / "base") and info["settings"]["lora_rank"] == 2

@@ -32,6 +32,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ragen2.errors import ConfigError
+from ragen2.models.demos import PRETRAINED_ORACLES
 from ragen2.models.warmstart import (
     INFO_FILE,
     WarmStartConfig,
@@ -46,7 +47,7 @@ from ragen2.models.warmstart import (
 log = logging.getLogger(__name__)
 
 # Bump when the demonstrations' rendering, the training or the evaluation change.
-BASE_WARMSTART_VERSION = "1"
+BASE_WARMSTART_VERSION = "2"
 
 # Sized on SmolLM2-135M with 2 shared CPU cores (docs/environments.md has the run): 40 LoRA
 # steps of about 10 s took its valid-format rate from 0 to 1; Sokoban's long samples are left
@@ -131,7 +132,7 @@ def _build_base(config: BaseWarmStartConfig, out: Path, device: str) -> None:
     model, tokenizer = load_policy(config.base, device=device)
     demos_config = config.demos
     rng = np.random.default_rng(demos_config.seed)
-    demos = make_demos(demos_config, rng)
+    demos = make_demos(demos_config, rng, PRETRAINED_ORACLES)
     samples, env_of_sample = demo_samples(demos, tokenizer, demos_config.envs)
     lengths = [len(ids) for ids, _ in samples]
     log.info("warm start of %s: %d samples, %d tokens (max length %d)", config.base, len(samples), sum(lengths), max(lengths))

@@ -18,7 +18,9 @@ parameters within minutes:
   the stated cells by one fixed rule ("rows first") instead of a solver's tie-breaking.
 
 Bandit is the exception on purpose: its oracle picks an arm uniformly at random, so the warm
-start leaves the choice near 50/50 and RL has the high-EV arm left to discover.
+start leaves the choice near 50/50 and RL has the high-EV arm left to discover. A pretrained
+base is taught the reading of the names instead (`PRETRAINED_ORACLES`): its tokens mean
+something, so the held-out names test whether the reading carries over.
 
 The other environments (Countdown, math, SearchQA, code, WebShop) act as their own `solve()`
 says from the current state (`solver_demo`); the reasoning restates what the answer depends
@@ -216,6 +218,22 @@ def bandit_demo(env: BanditEnv, max_actions: int, rng: np.random.Generator) -> s
     return _response(f"Arms: {first}, {second}. I try {arm}.", [arm])
 
 
+def bandit_reading_demo(env: BanditEnv, max_actions: int, rng: np.random.Generator) -> str:
+    """Read the names and pull the risky arm, whose expected value is the higher (0.25 against 0.1).
+
+    For a pretrained model, whose tokens carry meaning: the training names teach the reading,
+    and the test split's unseen names check that it carries over. The tiny policy's tokens
+    mean nothing, so it is taught with `bandit_demo` and left to find the arm by RL.
+    """
+    high = env.high_arm
+    low = next(name for name in env.arm_names if name != high)
+    reasoning = (
+        f"{high} sounds risky and {low} sounds safe. "
+        f"Risky pays 1.0 x 0.25 = 0.25 on average, safe pays 0.1, so I pull {high}."
+    )
+    return _response(reasoning, [high])
+
+
 def solver_demo(env: TextEnv, max_actions: int, explain: Callable[[TextEnv, str], str]) -> str:
     """The next `max_actions` actions of `env.solve()` from the current state, with `explain(env, first_action)` as reasoning."""
     plan = _require(env.solve(), env)[:max_actions]
@@ -317,7 +335,9 @@ def external_demo(env: ExternalEnv, max_actions: int, rng: np.random.Generator) 
     return _response(f"Plan: {shown}.", plan[:max_actions])
 
 
-ORACLES: dict[type[TextEnv], Callable[[TextEnv, int, np.random.Generator], str]] = {
+Oracle = Callable[[TextEnv, int, np.random.Generator], str]
+
+ORACLES: dict[type[TextEnv], Oracle] = {
     SokobanEnv: sokoban_demo,
     FrozenLakeEnv: frozenlake_demo,
     BanditEnv: bandit_demo,
@@ -327,17 +347,20 @@ ORACLES: dict[type[TextEnv], Callable[[TextEnv, int, np.random.Generator], str]]
     CodeEnv: code_demo,
     WebShopEnv: webshop_demo,
 }
+# A pretrained base reads the Bandit's names (see `bandit_reading_demo`); the rest is shared.
+PRETRAINED_ORACLES: dict[type[TextEnv], Oracle] = ORACLES | {BanditEnv: bandit_reading_demo}
 
 
-def demo_response(env: TextEnv, max_actions: int, rng: np.random.Generator) -> str:
+def demo_response(env: TextEnv, max_actions: int, rng: np.random.Generator, oracles: dict[type[TextEnv], Oracle] = ORACLES) -> str:
     """This turn's demonstration, `reasoning</think><answer>A1 || A2</answer>`, for a live env.
 
     `max_actions` caps the actions per turn (the rollout's `max_actions_per_turn`); `rng`
-    draws the random choices some oracles make (the Bandit arm).
+    draws the random choices some oracles make (the Bandit arm); `oracles` maps environment
+    classes to their oracle (another suite's games use `external_demo`).
     """
-    oracle = ORACLES.get(type(env)) or (external_demo if isinstance(env, ExternalEnv) else None)
+    oracle = oracles.get(type(env)) or (external_demo if isinstance(env, ExternalEnv) else None)
     if oracle is None:
-        supported = ", ".join(sorted(cls.__name__ for cls in ORACLES))
+        supported = ", ".join(sorted(cls.__name__ for cls in oracles))
         raise ConfigError(f"no demonstration oracle for {type(env).__name__}; oracles exist for {supported}")
     return oracle(env, max_actions, rng)
 
@@ -369,7 +392,8 @@ class DemoEpisode:
 
 
 def play_demo(
-    env_name: str, env_kwargs: dict, seed: int, max_turns: int, max_actions_per_turn: int, rng: np.random.Generator
+    env_name: str, env_kwargs: dict, seed: int, max_turns: int, max_actions_per_turn: int, rng: np.random.Generator,
+    oracles: dict[type[TextEnv], Oracle] = ORACLES,
 ) -> DemoEpisode:
     """Play one episode with the oracle, following the rollout loop's rules.
 
@@ -381,7 +405,7 @@ def play_demo(
     episode = DemoEpisode(env_name=env_name, seed=seed, system_prompt=env.instruction)
     actions_left = env.max_actions
     for _ in range(max_turns):
-        response = demo_response(env, max_actions_per_turn, rng)
+        response = demo_response(env, max_actions_per_turn, rng, oracles)
         episode.turns.append(DemoTurn(observation, actions_left, response))
         done = False
         for action in parse_response(response, max_actions_per_turn).actions:

@@ -40,7 +40,7 @@ from ragen2.agent.conversation import user_message
 from ragen2.agent.parsing import TAGS
 from ragen2.envs import EVAL_SEED_OFFSET  # demonstrations stay on training seeds, below it
 from ragen2.errors import ConfigError, did_you_mean
-from ragen2.models.demos import DemoEpisode, play_demo
+from ragen2.models.demos import ORACLES, DemoEpisode, Oracle, play_demo
 from ragen2.models.tiny import build_model, build_tokenizer
 
 log = logging.getLogger(__name__)
@@ -319,7 +319,7 @@ def _build(config: WarmStartConfig, out: Path, device: torch.device) -> None:
     (out / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
 
 
-def make_demos(config: WarmStartConfig, rng: np.random.Generator) -> list[DemoEpisode]:
+def make_demos(config: WarmStartConfig, rng: np.random.Generator, oracles: dict[type, Oracle] = ORACLES) -> list[DemoEpisode]:
     """Oracle episodes of every env on distinct training seeds drawn below EVAL_SEED_OFFSET."""
     demos = []
     for name in config.envs:
@@ -327,7 +327,7 @@ def make_demos(config: WarmStartConfig, rng: np.random.Generator) -> list[DemoEp
         seeds = rng.choice(EVAL_SEED_OFFSET, size=episodes, replace=False)
         kwargs = config.env_kwargs.get(name, {})
         max_turns, max_actions = config.env_turns.get(name, (config.max_turns, config.max_actions_per_turn))
-        demos += [play_demo(name, kwargs, int(s), max_turns, max_actions, rng) for s in seeds]
+        demos += [play_demo(name, kwargs, int(s), max_turns, max_actions, rng, oracles) for s in seeds]
     return demos
 
 

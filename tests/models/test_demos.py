@@ -9,7 +9,7 @@ from ragen2.agent.parsing import parse_response
 from ragen2.envs import make
 from ragen2.envs.sokoban import SokobanEnv
 from ragen2.errors import ConfigError
-from ragen2.models.demos import canonical_path, demo_response, frozenlake_plan, play_demo, sokoban_plan
+from ragen2.models.demos import ORACLES, PRETRAINED_ORACLES, canonical_path, demo_response, frozenlake_plan, play_demo, sokoban_plan
 from ragen2.models.warmstart import DEFAULT_ENV_KWARGS, DEFAULT_ENV_TURNS
 
 SEEDS = range(30)
@@ -184,6 +184,17 @@ def test_bandit_oracle_picks_either_arm_about_half_the_time_and_repeats_with_the
     rate, picks = high_rate(0)
     assert 0.4 < rate < 0.6
     assert high_rate(0)[1] == picks and high_rate(1)[1] != picks
+
+
+def test_pretrained_bandit_oracle_pulls_the_risky_arm_and_reads_both_names():
+    for env_seed in range(50):
+        env = make("bandit", split="test" if env_seed % 2 else "train")
+        env.reset(seed=env_seed)
+        low = next(name for name in env.arm_names if name != env.high_arm)
+        parsed = parse_response(demo_response(env, 1, np.random.default_rng(0), PRETRAINED_ORACLES))
+        assert parsed.actions == [env.high_arm]
+        assert parsed.reasoning.startswith(f"{env.high_arm} sounds risky and {low} sounds safe.")
+    assert PRETRAINED_ORACLES.keys() == ORACLES.keys() and PRETRAINED_ORACLES[SokobanEnv] is ORACLES[SokobanEnv]
 
 
 def test_unknown_environment_has_no_oracle():
