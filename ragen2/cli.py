@@ -313,9 +313,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lora-rank", type=int, default=16,
                    help="With --base: LoRA rank on every linear layer, merged when saved; 0 = full fine-tuning "
                    "(default: 16).")
-    p.add_argument("--eval-episodes", type=int, default=12,
+    p.add_argument("--eval-episodes", type=int, default=32,
                    help="With --base: held-out episodes per env for the before/after/random evaluation; 0 skips "
-                   "it (default: 12).")
+                   "it (default: 32).")
     p.add_argument("--device", default="cpu", help="Where the fine-tuning runs: cpu | cuda (default: cpu).")
     p.add_argument(
         "settings", nargs="*", metavar="KEY=VALUE",
