@@ -244,6 +244,28 @@ def test_a_lora_rl_step_changes_only_the_adapters_and_the_checkpoint_loads_with_
     assert AutoTokenizer.from_pretrained(base_path).chat_template == run.tokenizer.chat_template
 
 
+def test_full_fine_tuning_resumes_exactly_and_its_checkpoints_load_with_plain_transformers(smollm2_dir, tmp_path):
+    def config(run_dir: Path, steps: int):
+        return load_config("bandit", [
+            f"model.path={gguf.SMOLLM2_ALIAS}", "model.device=cpu", "model.lora_rank=0", f"trainer.run_dir={run_dir}",
+            "rollout.num_groups=1", "rollout.group_size=2", "rollout.max_tokens_per_turn=8", f"trainer.total_steps={steps}",
+            "trainer.eval_every=0", "trainer.save_every=1", "algo.mini_batch_size=2", "algo.micro_batch_size=2",
+            "optim.lr=1e-4", "algo.entropy_coef=0.01",  # a gradient even when the two returns are equal
+            "filter.strategy=none", "filter.include_zero=true", "collapse.enable=false", "logging.progress=false", "logging.tensorboard=false",
+        ])
+
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    trainer.train(config(straight, 2))
+    trainer.train(config(resumed, 1))
+    trainer.train(config(resumed, 2), resume_dir=resumed)
+    base = AutoModelForCausalLM.from_pretrained(smollm2_dir).state_dict()
+    a = AutoModelForCausalLM.from_pretrained(straight / "checkpoints" / "step_2").state_dict()
+    b = AutoModelForCausalLM.from_pretrained(resumed / "checkpoints" / "step_2").state_dict()
+    assert any(not torch.equal(a[k], base[k]) for k in base)  # full fine-tuning moved the weights
+    for key in base:
+        torch.testing.assert_close(b[key], a[key], msg=key)
+
+
 def test_diagnose_scores_records_with_smollm2(smollm2_dir, tmp_path):
     rows = [{"group": g, "prompt": f"Arms: {arms}. Which arm do you pull?<think>", "reasoning": reasoning}
             for g, arms in enumerate(["Dragon, Turtle", "Gambler, Snail", "Tornado, Rock"])
