@@ -42,7 +42,7 @@ from scipy.stats import rankdata, spearmanr
 from ragen2.sweep import GRID_FILE, STATUS_FILE, mean_se, read_grid, read_sweep, series
 
 EXPERIMENTS = ("collapse", "mechanism", "filter_sokoban", "filter_frozenlake", "filter_frozenlake_partway", "filter_countdown",
-               "quartiles", "levels", "external_frozenlake")
+               "quartiles", "levels", "external_frozenlake", "smollm2_mechanism", "smollm2_filter_frozenlake")
 # Experiments that need a GPU, and the command that runs each on a machine with one.
 GPU_EXPERIMENTS = {
     "filter_sokoban_gpu": "OUT=gpu-results bash benchmarks/gpu_checks.sh",
@@ -473,12 +473,17 @@ class Claim:
     body: list[str] = field(default_factory=list)
 
 
+def ran_before(name: str) -> bool:
+    """Whether the earlier results page (PREVIOUS_PAGE) had experiment `name`: then "not run" means not re-run since."""
+    return PREVIOUS_PAGE.is_file() and f"\n| {name} |" in PREVIOUS_PAGE.read_text()  # its row of the runs table
+
+
 def not_run(title: str, paper: str, *names: str) -> Claim:
     commands = "; ".join(f"`{GPU_EXPERIMENTS[n]}` (on a machine with a GPU)" if n in GPU_EXPERIMENTS
                          else f"`ragen2 sweep experiments/{n}.yaml --jobs 2`" for n in names)
-    return Claim(title, paper, "–", "not run",
-                 [f"Not run since the filter was made to select what the reference selects (What changed): {commands}, "
-                  "then `python scripts/make_results.py --collect`."])
+    since = "Not run since the filter was made to select what the reference selects (What changed)" if any(
+        ran_before(n) for n in names) else "Not run yet"
+    return Claim(title, paper, "–", "not run", [f"{since}: {commands}, then `python scripts/make_results.py --collect`."])
 
 
 COLLAPSE_HEADER = [
@@ -589,18 +594,25 @@ def collapse_claim(sweeps: dict[str, Sweep], figures: Path, model_figures: bool,
                  verdict, body)
 
 
-def mechanism_claim(sweeps: dict[str, Sweep], figures: Path) -> Claim:
-    title, paper = "Regularisers alone erase input dependence", \
-        "with the task gradient gone, KL / entropy updates make MI fall while entropy need not; MI falls as the coefficient grows"
-    if "mechanism" not in sweeps:
-        return not_run(title, paper, "mechanism")
-    sweep = sweeps["mechanism"]
+MECHANISM_PAPER = ("with the task gradient gone, KL / entropy updates make MI fall while entropy need not; MI falls as the "
+                   "coefficient grows")
+# Sweep -> what the title adds about the policy.
+MECHANISM_SWEEPS = {"mechanism": "", "smollm2_mechanism": ", on a pretrained LM (SmolLM2-135M)"}
+
+
+def mechanism_claim(sweeps: dict[str, Sweep], figures: Path, name: str = "mechanism") -> Claim:
+    """Regulariser-only updates against the no-update control; with task-on runs in the sweep, also MI against the
+    coefficient (a sweep without them is judged on the first part alone)."""
+    title, paper = f"Regularisers alone erase input dependence{MECHANISM_SWEEPS[name]}", MECHANISM_PAPER
+    if name not in sweeps:
+        return not_run(title, paper, name)
+    sweep = sweeps[name]
     cells: dict[tuple[float, float, float], list[Run]] = {}  # (task advantage scale, entropy coef, KL coef) -> runs
     for run in sweep.runs:
         a = run.config["algo"]
         cells.setdefault((a["task_advantage_scale"], a["entropy_coef"], a["kl_coef"]), []).append(run)
     body = [
-        f"Runs: `sweeps/mechanism` ({sweep.description.rstrip('.')}). Changes are late minus early levels (as above); "
+        f"Runs: `sweeps/{name}` ({sweep.description.rstrip('.')}). Changes are late minus early levels (as above); "
         "mean ± SE over seeds.",
         "",
         "| task advantage × | entropy coef | KL coef | Δ MI-ZScore-EMA (traj) | Δ Retrieval-Acc (first turn) | "
@@ -616,6 +628,30 @@ def mechanism_claim(sweeps: dict[str, Sweep], figures: Path) -> Claim:
     d, se = difference([change(r, MI_KEY) for r in regularised], control)
     entropy_change = [change(r, "train/entropy") for r in regularised]
     task_on = [r for (s, _, _), runs in cells.items() if s == 1 for r in runs]
+    entropy_mean = mean_se(entropy_change)[0]
+    result = (f"Result: regulariser-only minus control, Δ MI-ZScore-EMA {fmt_diff(d, se)}; token entropy of the "
+              f"regulariser-only runs changed by {entropy_mean:+.3g} on average")
+    if not task_on:  # regulariser-only against the control, nothing else: judged on the MI change alone
+        verdict = "reproduced" if d < 0 and significant(d, se) else "partly" if d < 0 else "not reproduced"
+        groups: dict[str, list[Run]] = {}
+        for (_, e, k), runs in sorted(cells.items()):
+            groups.setdefault("control (no update)" if e == k == 0 else f"entropy {e:g}, KL {k:g}", []).extend(runs)
+        keys = [(MI_KEY, "MI-ZScore-EMA (traj)"), (RETRIEVAL_KEY, "Retrieval-Acc (first turn)"),
+                ("train/entropy", "token entropy"), ("eval/success_rate", "eval success")]
+        path = curves(figures / f"{name}_curves.png", groups, keys, "Regulariser-only updates against the control")
+        body += [
+            "",
+            "Criteria: regulariser-only runs (task advantage × 0, a coefficient > 0) against the no-update control (× 0, "
+            f"both coefficients 0): *reproduced* when their MI change is lower by more than {SIGNIFICANT_SE:g} standard "
+            "errors of the difference; *partly* when lower by less; *not reproduced* when not lower. (This sweep has no "
+            "runs with the task advantage on, so the coefficient part of the claim is not tested.)",
+            "",
+            result + ".",
+            "",
+            f"![{name}](figures/{path.name})",
+        ]
+        return Claim(title, paper, f"regulariser-only vs control ΔMI {fmt_diff(d, se)}, entropy {entropy_mean:+.3g}",
+                     verdict, body)
     coef = [_coef(r) for r in task_on]
     rho = spearman_ci(coef, [r.row["mi_zscore_ema_traj"] for r in task_on])
     if d < 0 and significant(d, se):
@@ -624,7 +660,6 @@ def mechanism_claim(sweeps: dict[str, Sweep], figures: Path) -> Claim:
         verdict = "partly"
     else:
         verdict = "not reproduced"
-    entropy_mean = mean_se(entropy_change)[0]
     body += [
         "",
         "Criteria: regulariser-only runs (task advantage × 0, a coefficient > 0) against the no-update control (× 0, both "
@@ -633,9 +668,7 @@ def mechanism_claim(sweeps: dict[str, Sweep], figures: Path) -> Claim:
         "MI-ZScore-EMA is negative with its 95% bootstrap interval below 0; *partly* when only one holds or the "
         "direction is right without the margin; *not reproduced* otherwise.",
         "",
-        f"Result: regulariser-only minus control, Δ MI-ZScore-EMA {fmt_diff(d, se)}; token entropy of the "
-        f"regulariser-only runs changed by {entropy_mean:+.3g} on average; coefficient vs final MI with the task on: "
-        f"ρ = {fmt_rho(*rho)}.",
+        f"{result}; coefficient vs final MI with the task on: ρ = {fmt_rho(*rho)}.",
         "",
     ]
     points = {}
@@ -664,6 +697,11 @@ FILTER_SWEEPS = {
         "success in the learning test.",
     ),
     "filter_countdown": ("countdown", "", ""),
+    "smollm2_filter_frozenlake": (
+        "frozenlake", ", pretrained LM (SmolLM2-135M, LoRA)",
+        " The policy is SmolLM2-135M-Instruct after the spec's own warm start (`ragen2 warmstart --base`), trained "
+        "with LoRA on the CPU at a small batch.",
+    ),
     "filter_sokoban_gpu": (
         "sokoban", ", 25M-parameter policy on a GPU",
         " All six runs shared one GPU and 16 cores at once, so their step times include waiting for each other.",
@@ -930,7 +968,7 @@ def changes(claims: Sequence[Claim], before: dict[str, tuple[str, str]]) -> list
     for c in claims:
         old = before.get(c.title)
         was = f"{old[0]} (**{old[1]}**)" if old else "not on the earlier page"
-        now = "not re-run since" if c.verdict == "not run" else f"{c.ours} (**{c.verdict}**)"
+        now = ("not re-run since" if old else "not run yet") if c.verdict == "not run" else f"{c.ours} (**{c.verdict}**)"
         lines.append(f"- {c.title}. Before: {was}. Now: {now}.")
     return lines
 
@@ -945,7 +983,7 @@ def write_results(sweeps_dir: Path, out: Path, figures: Path, model_figures: boo
     started = {name: s for name, s in sweeps.items() if s.runs}  # a sweep with no finished run counts as not run
     claims: list[Claim] = [
         collapse_claim(started, figures, model_figures, rv_groups, sweeps.get("collapse_gpu")),
-        mechanism_claim(started, figures),
+        *(mechanism_claim(started, figures, name) for name in MECHANISM_SWEEPS),
         *filter_claims(started, figures),
         quartile_claim(started, figures),
         levels_claim(started, figures),
@@ -961,6 +999,8 @@ def write_results(sweeps_dir: Path, out: Path, figures: Path, model_figures: boo
         "test checks that the committed data gives this page. The runs use the built-in tiny "
         "policies on a CPU (0.5M parameters, tens of steps)"
         + (", and one filter-vs-none experiment a 25M-parameter policy on a GPU" if "filter_sokoban_gpu" in started else "")
+        + ("; the SmolLM2 sections a pretrained instruct LM of 135M parameters, warm-started and trained with LoRA on "
+           "the CPU" if any(name.startswith("smollm2_") for name in started) else "")
         + ", not the paper's 3B models and hundreds of steps: a claim that does not show here is reported as "
         "such, with what was run.",
         "",
@@ -968,6 +1008,7 @@ def write_results(sweeps_dir: Path, out: Path, figures: Path, model_figures: boo
         "",
         "```bash",
         "ragen2 warmstart --envs countdown   # the Countdown policy, once",
+        "ragen2 warmstart --base smollm2-135m   # the SmolLM2 experiments' policy, once",
         *(f"ragen2 sweep experiments/{name}.yaml --jobs 2" for name in EXPERIMENTS),
         *(f"{command}   # on a machine with a GPU: {name}" for name, command in GPU_EXPERIMENTS.items()),
         f"python scripts/make_results.py --collect   # sweeps/ -> {DATA_DIR}/, then this page",
@@ -979,7 +1020,7 @@ def write_results(sweeps_dir: Path, out: Path, figures: Path, model_figures: boo
     ]
     for name in (*EXPERIMENTS, *GPU_EXPERIMENTS):
         s = sweeps.get(name)
-        missing = "not re-run since the reference-matching filter (What changed)" if PREVIOUS_PAGE.is_file() else "not run"
+        missing = "not re-run since the reference-matching filter (What changed)" if ran_before(name) else "not run"
         lines.append(f"| {name} | {s.planned} | {len(s.runs)} | {s.seconds / 60:.0f} min |" if s else f"| {name} | – | – | {missing} |")
     lines += ["", "## Summary", "", "| claim | paper | ours | verdict |", "|---|---|---|---|"]
     lines += [f"| {c.title} | {c.paper} | {c.ours} | **{c.verdict}** |" for c in claims]
