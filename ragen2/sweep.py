@@ -203,32 +203,25 @@ def _check_warmstart(path: Path, settings: Any) -> dict[str, Any]:
         if key not in allowed:
             raise ConfigError(f"{path}: unknown warmstart key {key!r}; valid: {', '.join(allowed)}." + did_you_mean(key, allowed))
     settings = {k: tuple(v) if k == "envs" else v for k, v in settings.items()}
-    _warmstart_config(settings)
+    warmstart_policy(settings, build=False)  # naming the cache directory builds the config, which checks it
     return settings
 
 
-def _warmstart_config(settings: dict[str, Any]) -> Any:
-    """The WarmStartConfig, or with `base` the BaseWarmStartConfig, that a spec's `warmstart` describes."""
-    from ragen2.models.base_warmstart import make_base_config
-    from ragen2.models.warmstart import make_config
-
-    seed = settings.get("seed", 0)
-    config_settings = {k: v for k, v in settings.items() if k not in WARMSTART_RUN_KEYS}
-    if "base" in config_settings:
-        return make_base_config(seed=seed, **config_settings)
-    return make_config(seed, config_settings)
-
-
 def warmstart_policy(settings: dict[str, Any], build: bool) -> Path:
-    """The directory of the spec's warm-started policy in the cache; trained first when `build` and not cached."""
-    from ragen2.models.base_warmstart import base_cache_path, warmstart_base
-    from ragen2.models.warmstart import cache_path, warmstart
+    """The directory of the spec's warm-started policy in the cache; trained first when `build` and not cached.
+
+    With `base` the policy is that pretrained model fine-tuned (ragen2.models.base_warmstart), else the tiny one."""
+    from ragen2.models import base_warmstart, warmstart
 
     seed, device = settings.get("seed", 0), settings.get("device", "cpu")
     config_settings = {k: v for k, v in settings.items() if k not in WARMSTART_RUN_KEYS}
     if "base" in config_settings:
-        return warmstart_base(seed=seed, device=device, **config_settings) if build else base_cache_path(_warmstart_config(settings))
-    return warmstart(seed=seed, device=device, **config_settings) if build else cache_path(_warmstart_config(settings))
+        if build:
+            return base_warmstart.warmstart_base(seed=seed, device=device, **config_settings)
+        return base_warmstart.base_cache_path(base_warmstart.make_base_config(seed=seed, **config_settings))
+    if build:
+        return warmstart.warmstart(seed=seed, device=device, **config_settings)
+    return warmstart.cache_path(warmstart.make_config(seed, config_settings))
 
 
 # ----------------------------------------------------------------------------- running

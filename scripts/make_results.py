@@ -26,6 +26,7 @@ page comes out byte for byte the same on every machine (tests/test_results_scrip
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import shutil
@@ -473,6 +474,7 @@ class Claim:
     body: list[str] = field(default_factory=list)
 
 
+@functools.cache
 def ran_before(name: str) -> bool:
     """Whether the earlier results page (PREVIOUS_PAGE) had experiment `name`: then "not run" means not re-run since."""
     return PREVIOUS_PAGE.is_file() and f"\n| {name} |" in PREVIOUS_PAGE.read_text()  # its row of the runs table

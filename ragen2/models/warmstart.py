@@ -39,6 +39,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from ragen2.agent.conversation import user_message
 from ragen2.agent.parsing import TAGS
 from ragen2.envs import EVAL_SEED_OFFSET  # demonstrations stay on training seeds, below it
+from ragen2.envs.base import TextEnv
 from ragen2.errors import ConfigError, did_you_mean
 from ragen2.models.demos import ORACLES, DemoEpisode, Oracle, play_demo
 from ragen2.models.tiny import build_model, build_tokenizer
@@ -319,7 +320,7 @@ def _build(config: WarmStartConfig, out: Path, device: torch.device) -> None:
     (out / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
 
 
-def make_demos(config: WarmStartConfig, rng: np.random.Generator, oracles: dict[type, Oracle] = ORACLES) -> list[DemoEpisode]:
+def make_demos(config: WarmStartConfig, rng: np.random.Generator, oracles: dict[type[TextEnv], Oracle] = ORACLES) -> list[DemoEpisode]:
     """Oracle episodes of every env on distinct training seeds drawn below EVAL_SEED_OFFSET."""
     demos = []
     for name in config.envs:
