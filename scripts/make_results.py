@@ -48,7 +48,12 @@ EXPERIMENTS = ("collapse", "mechanism", "filter_sokoban", "filter_frozenlake", "
 GPU_EXPERIMENTS = {
     "filter_sokoban_gpu": "OUT=gpu-results bash benchmarks/gpu_checks.sh",
     "collapse_gpu": "ragen2 sweep experiments/collapse_gpu.yaml --jobs 6 --threads 2",
+    "smollm2_mechanism_gpu": "OUT=gpu-results bash benchmarks/gpu_smollm2.sh",
+    "smollm2_filter_frozenlake_gpu": "OUT=gpu-results bash benchmarks/gpu_smollm2.sh",
 }
+# GPU experiments whose machine cannot download what they need: the command that prepares it first, where pip works.
+GPU_PREPARE = {name: "bash benchmarks/gpu_carry.sh"
+               for name in ("smollm2_mechanism_gpu", "smollm2_filter_frozenlake_gpu")}
 SIGNIFICANT_SE = 2.0  # a difference counts as real when it exceeds this many standard errors
 ENTROPY_BAND = 0.25  # "entropy stays within a band": late mean within +-25% of the early mean
 DROP = 0.10  # a series "falls" at the first step its 3-point moving average is 10% below its early level
@@ -480,9 +485,16 @@ def ran_before(name: str) -> bool:
     return PREVIOUS_PAGE.is_file() and f"\n| {name} |" in PREVIOUS_PAGE.read_text()  # its row of the runs table
 
 
+def run_command(name: str) -> str:
+    """How to run experiment `name`, in Markdown."""
+    if name not in GPU_EXPERIMENTS:
+        return f"`ragen2 sweep experiments/{name}.yaml --jobs 2`"
+    prepare = f"`{GPU_PREPARE[name]}` where pip works, then " if name in GPU_PREPARE else ""
+    return f"{prepare}`{GPU_EXPERIMENTS[name]}` (on a machine with a GPU)"
+
+
 def not_run(title: str, paper: str, *names: str) -> Claim:
-    commands = "; ".join(f"`{GPU_EXPERIMENTS[n]}` (on a machine with a GPU)" if n in GPU_EXPERIMENTS
-                         else f"`ragen2 sweep experiments/{n}.yaml --jobs 2`" for n in names)
+    commands = "; ".join(run_command(n) for n in names)
     since = "Not run since the filter was made to select what the reference selects (What changed)" if any(
         ran_before(n) for n in names) else "Not run yet"
     return Claim(title, paper, "–", "not run", [f"{since}: {commands}, then `python scripts/make_results.py --collect`."])
@@ -599,7 +611,8 @@ def collapse_claim(sweeps: dict[str, Sweep], figures: Path, model_figures: bool,
 MECHANISM_PAPER = ("with the task gradient gone, KL / entropy updates make MI fall while entropy need not; MI falls as the "
                    "coefficient grows")
 # Sweep -> what the title adds about the policy.
-MECHANISM_SWEEPS = {"mechanism": "", "smollm2_mechanism": ", on a pretrained LM (SmolLM2-135M)"}
+MECHANISM_SWEEPS = {"mechanism": "", "smollm2_mechanism": ", on a pretrained LM (SmolLM2-135M)",
+                    "smollm2_mechanism_gpu": ", on a pretrained LM (SmolLM2-135M, every weight, on a GPU)"}
 
 
 def mechanism_claim(sweeps: dict[str, Sweep], figures: Path, name: str = "mechanism") -> Claim:
@@ -703,6 +716,13 @@ FILTER_SWEEPS = {
         "frozenlake", ", pretrained LM (SmolLM2-135M, LoRA)",
         " The policy is SmolLM2-135M-Instruct after the spec's own warm start (`ragen2 warmstart --base`), trained "
         "with LoRA on the CPU at a small batch.",
+    ),
+    "smollm2_filter_frozenlake_gpu": (
+        "frozenlake", ", pretrained LM (SmolLM2-135M, every weight, on a GPU)",
+        " The policy is SmolLM2-135M-Instruct after a full fine-tuning warm start on the GPU "
+        "(benchmarks/gpu_smollm2.sh), trained with every weight at the paper's batch of 8 x 16; the twelve runs of "
+        "this sweep and the GPU mechanism sweep shared one GPU at once, so their step times include waiting for "
+        "each other.",
     ),
     "filter_sokoban_gpu": (
         "sokoban", ", 25M-parameter policy on a GPU",
@@ -975,6 +995,18 @@ def changes(claims: Sequence[Claim], before: dict[str, tuple[str, str]]) -> list
     return lines
 
 
+def gpu_commands() -> list[str]:
+    """The GPU experiments' lines of "How to regenerate": one per command with the experiments it runs, each after
+    its preparation, if any."""
+    lines = []
+    for command in dict.fromkeys(GPU_EXPERIMENTS.values()):
+        names = [name for name, c in GPU_EXPERIMENTS.items() if c == command]
+        if names[0] in GPU_PREPARE:
+            lines.append(f"{GPU_PREPARE[names[0]]}   # first, where pip works: the model file and wheels for that machine")
+        lines.append(f"{command}   # on a machine with a GPU: {', '.join(names)}")
+    return lines
+
+
 def write_results(sweeps_dir: Path, out: Path, figures: Path, model_figures: bool = True, rv_groups: int = 32) -> Path:
     """Compute every claim from the sweeps in `sweeps_dir` (run directories or committed data); write `out` and
     the figures.
@@ -1002,7 +1034,9 @@ def write_results(sweeps_dir: Path, out: Path, figures: Path, model_figures: boo
         "policies on a CPU (0.5M parameters, tens of steps)"
         + (", and one filter-vs-none experiment a 25M-parameter policy on a GPU" if "filter_sokoban_gpu" in started else "")
         + ("; the SmolLM2 sections a pretrained instruct LM of 135M parameters, warm-started and trained with LoRA on "
-           "the CPU" if any(name.startswith("smollm2_") for name in started) else "")
+           "the CPU" if any(name.startswith("smollm2_") and not name.endswith("_gpu") for name in started) else "")
+        + ("; the SmolLM2 GPU sections SmolLM2-135M with every weight trained, on a GPU"
+           if any(name.startswith("smollm2_") and name.endswith("_gpu") for name in started) else "")
         + ", not the paper's 3B models and hundreds of steps: a claim that does not show here is reported as "
         "such, with what was run.",
         "",
@@ -1012,7 +1046,7 @@ def write_results(sweeps_dir: Path, out: Path, figures: Path, model_figures: boo
         "ragen2 warmstart --envs countdown   # the Countdown policy, once",
         "ragen2 warmstart --base smollm2-135m   # the SmolLM2 experiments' policy, once",
         *(f"ragen2 sweep experiments/{name}.yaml --jobs 2" for name in EXPERIMENTS),
-        *(f"{command}   # on a machine with a GPU: {name}" for name, command in GPU_EXPERIMENTS.items()),
+        *gpu_commands(),
         f"python scripts/make_results.py --collect   # sweeps/ -> {DATA_DIR}/, then this page",
         "python scripts/make_results.py             # this page from the committed data alone, in a fresh clone",
         "```",
