@@ -12,6 +12,9 @@ with ``agg = algo.loss_agg``:
          + algo.kl_coef * aggregate(kl_penalty(logp, ref_logp, algo.kl_estimator), mask, agg)
          - algo.entropy_coef * aggregate(entropy_from_logits(logits), mask, agg)
 
+(the update takes ``logp`` and the entropy from ``token_logprobs_and_entropy(logits, labels)`` in one
+pass that keeps only the logits for backward).
+
 Statistics come back as detached 0-d tensors so that logging does not force a
 device sync per micro-batch; call ``.item()`` when writing them out.
 """
@@ -35,6 +38,7 @@ __all__ = [
     "masked_whiten",
     "policy_loss",
     "token_logprobs",
+    "token_logprobs_and_entropy",
     "value_loss",
 ]
 
@@ -356,3 +360,82 @@ def token_logprobs(logits: Tensor, labels: Tensor, chunk_size: int | None = None
             "vocabulary dimension; align them first (logits[:, :-1] with input_ids[:, 1:])."
         )
     return _over_token_chunks(_logprob_rows, logits, labels, chunk_size=chunk_size)
+
+
+# Tokens per chunk of `token_logprobs_and_entropy`: at a 49k vocabulary a float32 [chunk, V] temporary is 100 MB.
+LOGITS_CHUNK_TOKENS = 512
+
+
+class _LogprobAndEntropy(torch.autograd.Function):
+    """log softmax(z)[label] and the entropy of softmax(z) at every position of z [B, T, V], with a backward that
+    keeps z only.
+
+    Composed from torch ops, autograd would keep the softmax and other [B, T, V] float32 temporaries
+    until backward: several times the logits, which is what fills memory with a large vocabulary.
+    Here forward and backward walk each row `chunk` positions at a time (slices of z, so a strided
+    z, such as `logits[:, :-1]`, is never copied), and backward recomputes each chunk's softmax from z
+    and the saved log-normaliser. With p = softmax(z): d logp / dz = onehot(label) - p and
+    d H / dz = -p * (z - E_p[z]), where E_p[z] = logsumexp(z) - H.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, labels: Tensor, chunk: int) -> tuple[Tensor, Tensor]:
+        out_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+        logp = torch.empty(logits.shape[:-1], dtype=out_dtype, device=logits.device)
+        entropy, lse = torch.empty_like(logp), torch.empty_like(logp)
+        for at in _chunks(logits.shape[:-1], chunk):
+            z, y = _at_least_float32(logits[at]), labels[at]
+            lse[at] = torch.logsumexp(z, dim=-1)
+            p = torch.exp(z - lse[at][:, None])
+            entropy[at] = lse[at] - (p * z).sum(dim=-1)
+            logp[at] = torch.where(y >= 0, z.gather(-1, y.clamp_min(0)[:, None]).squeeze(-1) - lse[at], 0.0)
+        ctx.save_for_backward(logits, labels, lse, entropy)
+        ctx.chunk = chunk
+        ctx.set_materialize_grads(False)
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp: Tensor | None, grad_entropy: Tensor | None) -> tuple[Tensor | None, None, None]:
+        logits, labels, lse, entropy = ctx.saved_tensors
+        if grad_logp is None and grad_entropy is None:
+            return None, None, None
+        grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+        for at in _chunks(logits.shape[:-1], ctx.chunk):
+            z = _at_least_float32(logits[at])
+            p = torch.exp(z - lse[at][:, None])
+            g = torch.zeros_like(z)
+            if grad_logp is not None:
+                y = labels[at]
+                weight = torch.where(y >= 0, grad_logp[at], 0.0)[:, None]
+                g.sub_(p * weight).scatter_add_(-1, y.clamp_min(0)[:, None], weight)
+            if grad_entropy is not None:
+                g.sub_(p * (z - (lse[at] - entropy[at])[:, None]) * grad_entropy[at][:, None])
+            grad[at] = g
+        return grad, None, None
+
+
+def _chunks(shape: torch.Size, chunk: int) -> list[tuple[int, slice]]:
+    """Indices (row, positions) that cover a [B, T] grid, at most `chunk` positions each."""
+    rows, length = shape
+    return [(b, slice(t, t + chunk)) for b in range(rows) for t in range(0, length, chunk)]
+
+
+def token_logprobs_and_entropy(
+    logits: Tensor, labels: Tensor, chunk_size: int = LOGITS_CHUNK_TOKENS
+) -> tuple[Tensor, Tensor]:
+    """``token_logprobs(logits, labels)`` and ``entropy_from_logits(logits)`` in one pass, for training.
+
+    logits: [B, T, V]; labels: [B, T] int -> (log-probs [B, T], entropy [B, T]), both float32 (float64
+    for float64 input), with gradients to the logits. The values and gradients are those of the two
+    functions, but backward keeps the logits alone, not their softmaxes, and forward and backward
+    build [chunk_size, V] temporaries at a time: the update then holds about one copy of the logits,
+    however large the vocabulary.
+    """
+    if logits.dim() != 3 or labels.shape != logits.shape[:-1]:
+        raise ValueError(
+            f"logits {tuple(logits.shape)} must be [B, T, V] and labels {tuple(labels.shape)} [B, T]; align "
+            "them first (logits[:, :-1] with input_ids[:, 1:])."
+        )
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size={chunk_size} must be a positive number of tokens.")
+    return _LogprobAndEntropy.apply(logits, labels, chunk_size)

@@ -79,7 +79,9 @@ from ragen2.rl.batch import Batch, build_batch, response_logits
 from ragen2.rl.checkpoint import LATEST, STATE_FILE, Checkpoint, load_checkpoint, mark_latest, save_checkpoint, set_rng_state
 from ragen2.rl.critic import critic_values, load_critic
 from ragen2.rl.guards import EarlyStopGuards
-from ragen2.rl.losses import aggregate, entropy_from_logits, kl_penalty, policy_loss, token_logprobs, value_loss
+from ragen2.rl.losses import (
+    aggregate, entropy_from_logits, kl_penalty, policy_loss, token_logprobs, token_logprobs_and_entropy, value_loss,
+)
 from ragen2.tracking import Progress, Tracker, read_metrics
 
 log = logging.getLogger(__name__)
@@ -437,15 +439,16 @@ def policy_step(run: Run, mini: Batch, scale: float) -> dict[str, float]:
     for rows in micro_batches:
         mb = mini.select(rows)
         logits, start = response_logits(model, mb)  # [b, t-1-start, V]
-        logp = F.pad(token_logprobs(logits, mb.targets[:, start:]), (start, 0))  # [b, t-1]
-        # Full-vocabulary entropy [b, t-1]; without a bonus it is only logged, so no graph is kept for it.
-        entropy = F.pad(entropy_from_logits(logits if a.entropy_coef else logits.detach()), (start, 0))
+        # Log-probs and full-vocabulary entropy [b, t-1], in one pass whose backward keeps only the logits.
+        logp, entropy = (F.pad(x, (start, 0)) for x in token_logprobs_and_entropy(logits, mb.targets[:, start:]))
         old_logp = logp.detach() if mb.old_logp is None else mb.old_logp
         pg_loss, pg_stats = policy_loss(
             logp, old_logp, mb.advantages, mb.mask, a.clip_low, a.clip_high, agg, a.clip_ratio_c,
             norm_tokens=norm, **counts,
         )
-        loss = pg_loss - a.entropy_coef * aggregate(entropy, mb.mask, agg, norm, **counts)
+        loss = pg_loss
+        if a.entropy_coef:  # without a bonus the entropy is only logged, and backward skips its gradient
+            loss = loss - a.entropy_coef * aggregate(entropy, mb.mask, agg, norm, **counts)
         if mb.ref_logp is not None:
             kl = kl_penalty(logp, mb.ref_logp, a.kl_estimator)  # [b, t-1]
             loss = loss + a.kl_coef * aggregate(kl, mb.mask, agg, norm, **counts)

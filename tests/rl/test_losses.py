@@ -20,6 +20,7 @@ from ragen2.rl.losses import (
     masked_whiten,
     policy_loss,
     token_logprobs,
+    token_logprobs_and_entropy,
     value_loss,
 )
 
@@ -439,3 +440,70 @@ def test_token_logprobs_rejects_unaligned_labels() -> None:
 def test_chunk_size_must_be_positive() -> None:
     with pytest.raises(ValueError, match="chunk_size=0"):
         entropy_from_logits(torch.zeros(2, 3, 4), chunk_size=0)
+
+
+# --- log-probs and entropy in one pass, for the update ---------------------------------------------
+def _separately(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return token_logprobs(logits, labels), entropy_from_logits(logits)
+
+
+@pytest.mark.parametrize("chunk_size", [1, 3, 512])
+def test_fused_logprobs_and_entropy_equal_the_separate_functions_with_their_gradients(chunk_size: int) -> None:
+    gen = torch.Generator().manual_seed(6)
+    # A strided slice, as the trainer passes (logits[:, :-1]), with an ignored label.
+    base = 4 * torch.randn(3, 8, 17, generator=gen, dtype=torch.float64)
+    labels = torch.randint(0, 17, (3, 7), generator=gen)
+    labels[2, 5] = -100
+    w_logp, w_entropy = torch.randn(3, 7, generator=gen, dtype=torch.float64), torch.randn(3, 7, generator=gen, dtype=torch.float64)
+    grads = []
+    for fn in (lambda x, y: token_logprobs_and_entropy(x, y, chunk_size=chunk_size), _separately):
+        logits = base.clone().requires_grad_(True)
+        logp, entropy = fn(logits[:, :-1], labels)
+        ((logp * w_logp).sum() + (entropy * w_entropy).sum()).backward()
+        grads.append((logp.detach(), entropy.detach(), logits.grad))
+    for fused, separate in zip(*grads):
+        torch.testing.assert_close(fused, separate)
+    assert torch.count_nonzero(grads[0][2][:, -1]) == 0  # the dropped last position gets no gradient
+
+
+def test_fused_gradient_passes_gradcheck_and_either_output_alone_works() -> None:
+    gen = torch.Generator().manual_seed(7)
+    logits = torch.randn(2, 4, 6, generator=gen, dtype=torch.float64, requires_grad=True)
+    labels = torch.randint(0, 6, (2, 4), generator=gen)
+    assert torch.autograd.gradcheck(lambda x: token_logprobs_and_entropy(x, labels, chunk_size=3), (logits,))
+    for pick in (0, 1):
+        logits.grad = None
+        token_logprobs_and_entropy(logits, labels, chunk_size=3)[pick].sum().backward()
+        expected = torch.autograd.grad(_separately(logits, labels)[pick].sum(), logits)[0]
+        torch.testing.assert_close(logits.grad, expected)
+
+
+def test_fused_backward_keeps_the_logits_alone_where_the_separate_functions_keep_several_copies() -> None:
+    """What autograd saves for backward, in bytes of [*, V] tensors, for a bfloat16 [2, 64, 1000] input."""
+    gen = torch.Generator().manual_seed(8)
+    labels = torch.randint(0, 1000, (2, 64), generator=gen)
+    logits_bytes = 2 * 64 * 1000 * 2
+
+    def saved_bytes(fn) -> int:
+        logits = torch.randn(2, 64, 1000, generator=gen).bfloat16().requires_grad_(True)
+        storages: dict[int, int] = {}
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            if t.dim() and t.shape[-1] == 1000:
+                storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            logp, entropy = fn(logits, labels)
+            (logp.sum() + entropy.sum()).backward()
+        return sum(storages.values())
+
+    assert saved_bytes(lambda x, y: token_logprobs_and_entropy(x, y, chunk_size=16)) == logits_bytes
+    assert saved_bytes(_separately) >= 4 * logits_bytes  # float32 upcasts and softmaxes: 2x the bytes each
+
+
+def test_fused_rejects_unaligned_labels_and_bad_chunks() -> None:
+    with pytest.raises(ValueError, match=r"labels \(2, 5\) \[B, T\]"):
+        token_logprobs_and_entropy(torch.zeros(2, 6, 9), torch.zeros(2, 5, dtype=torch.long))
+    with pytest.raises(ValueError, match="chunk_size=0"):
+        token_logprobs_and_entropy(torch.zeros(2, 6, 9), torch.zeros(2, 6, dtype=torch.long), chunk_size=0)
