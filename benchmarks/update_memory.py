@@ -87,7 +87,7 @@ def one_side(args: argparse.Namespace) -> dict:
         norms.append(torch.sqrt(sum((p.grad.float() ** 2).sum() for p in model.parameters() if p.grad is not None)).item())
         del logits, logp, entropy, loss
     peak = peak_mb(args.device)
-    return {"side": args.side, "vocab": vocab, "logits_mb": args.batch * (args.tokens - 1) * vocab * 4 / 2**20,
+    return {"side": args.side, "vocab": vocab, "logits_mb": args.batch * args.response * vocab * 4 / 2**20,
             "held_before_mb": before, "peak_mb": peak, "pass_mb": peak - before,
             "peak_reached_before_the_passes": peak_before >= peak, "pass_s": min(times), "loss": losses[-1],
             "grad_norm": norms[-1]}
@@ -124,7 +124,7 @@ def main() -> None:
     print(f"\nmodel {args.model or 'tiny'} (vocabulary {rows[0]['vocab']}), LoRA rank {args.lora_rank}, {args.batch} x "
           f"{args.tokens} tokens, {args.response} under the mask, gradient checkpointing "
           f"{'on' if args.gradient_checkpointing else 'off'}, {args.device}, {args.threads} thread(s); "
-          f"float32 logits of the batch: {rows[0]['logits_mb']:.0f} MB")
+          f"float32 logits of the masked columns: {rows[0]['logits_mb']:.0f} MB")
     print("| side | pass memory MB (min over runs) | peak resident MB | pass s (min) | loss | grad norm |")
     print("|---|---|---|---|---|---|")
     best = {}
