@@ -12,6 +12,9 @@ slow reference they are tested against.
 Works with any Hugging Face decoder-only causal LM, including PEFT-wrapped ones. The cache goes
 in under the forward's own name for it (`cache` in recent transformers, `past_key_values` before):
 an unknown keyword would be swallowed by `**kwargs` and silently score without the prompt.
+On CPU, models with standard attention score a micro-batch as the tree of its reasonings'
+distinct prefixes against the one prompt cache (`_logp_after_shared_prompt`); other models, and
+other devices, repeat the cache along the batch.
 Scores are float32 log-softmax values summed in float64.
 """
 
@@ -20,11 +23,13 @@ from __future__ import annotations
 import copy
 import inspect
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from transformers import DynamicCache
+from transformers import AttentionInterface, DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from ragen2.agent.backends import cache_keyword
@@ -68,7 +73,10 @@ def score_matrix(
     that predict Z_m[0] come from there; then for each micro-batch the cache is repeated along
     the batch dimension, the reasonings are right-padded, and one forward over all but their last
     token (positions len(X_j) + t) gives the rest. Right padding is safe under causal attention:
-    a real token never attends to a pad that comes after it.
+    a real token never attends to a pad that comes after it. On CPU, with standard attention, the
+    micro-batch goes in instead as the tree of its distinct prefixes against the one prompt cache
+    (`_logp_after_shared_prompt`): no copies of the cache, and a start that reasonings share is
+    computed once.
     """
     return score_matrices(
         model, tokenizer_or_none, [(prompts, reasonings)], micro_batch_size=micro_batch_size, device=device
@@ -107,10 +115,11 @@ def score_matrices(
     batches: dict[tuple[int, ...], list[tuple[np.ndarray, torch.Tensor, torch.Tensor]]] = {}  # per reasoning set
     logp = np.full((len(reasonings), len(prompt_keys)), np.nan)
     cache_arg = cache_keyword(model)
+    shared_prompt = _prompt_attention_applies(model, device)  # cleared if the model turns out not to use it
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad():
+        with torch.inference_mode():  # no autograd bookkeeping on any of the ~40k ops of a check
             for j, prefix_cache, last_logits in _prompt_caches(model, prompt_keys, cache_arg, device):
                 prompt_len = len(prompt_keys[j])
                 first_logp = torch.log_softmax(last_logits.float(), dim=-1)  # [V], predicts Z[0]
@@ -120,17 +129,18 @@ def score_matrices(
                     batches[wanted] = [(np.array(wanted)[local], tokens, mask) for local, tokens, mask in
                                        _micro_batches(subset, micro_batch_size, _pad_id(tokenizer_or_none), device)]
                 for batch_rows, tokens, mask in batches[wanted]:
-                    b, t = tokens.shape
                     token_logp = first_logp[tokens[:, :1]]  # [b, 1]
-                    if t > 1:  # the last token predicts nothing that is scored: it is not fed
-                        cache = _repeated(prefix_cache, b)
-                        attention_mask = torch.cat([mask.new_ones(b, prompt_len), mask[:, :-1]], dim=1)  # [b, Lp+T-1]
-                        positions = prompt_len + torch.arange(t - 1, device=device).expand(b, t - 1)  # [b, T-1]
-                        logits = model(
-                            input_ids=tokens[:, :-1], attention_mask=attention_mask, position_ids=positions,
-                            **{cache_arg: cache},
-                        ).logits  # [b, T-1, V]; logits[:, t] predicts tokens[:, t + 1]
-                        token_logp = torch.cat([token_logp, _target_logp(logits, tokens[:, 1:])], dim=1)  # [b, T]
+                    if tokens.shape[1] > 1:  # the last token predicts nothing that is scored: it is not fed
+                        rest = None  # [b, T-1]: log p(tokens[:, t + 1] | prompt, tokens[:, :t + 1])
+                        if shared_prompt:
+                            rest = _logp_after_shared_prompt(model, tokens, mask, prefix_cache, prompt_len)
+                            shared_prompt = rest is not None
+                        if rest is None:
+                            logits = _logits_after_repeated_prompt(
+                                model, tokens[:, :-1], mask[:, :-1], prefix_cache, prompt_len, cache_arg
+                            )
+                            rest = _target_logp(logits, tokens[:, 1:])
+                        token_logp = torch.cat([token_logp, rest], dim=1)  # [b, T]
                     logp[batch_rows, j] = _masked_sum(token_logp, mask)
     finally:
         model.train(was_training)
@@ -216,6 +226,164 @@ def _prompt_caches(
             yield from walk(child, shared, cache if last else copy.deepcopy(cache), logits)
 
     yield from walk(order, 0, DynamicCache(config=model.config), None)
+
+
+def _logits_after_repeated_prompt(
+    model: torch.nn.Module, tokens: torch.Tensor, mask: torch.Tensor, prompt: DynamicCache, prompt_len: int,
+    cache_arg: str,
+) -> torch.Tensor:
+    """Logits [b, T, V] of right-padded `tokens` [b, T] fed after `prompt`'s cache, repeated b times (any model)."""
+    b, t = tokens.shape
+    attention_mask = torch.cat([mask.new_ones(b, prompt_len), mask], dim=1)  # [b, Lp+T]
+    positions = prompt_len + torch.arange(t, device=tokens.device).expand(b, t)
+    return model(
+        input_ids=tokens, attention_mask=attention_mask, position_ids=positions, **{cache_arg: _repeated(prompt, b)}
+    ).logits
+
+
+# ----------------------------------------------------------------------------- shared-prompt attention
+#
+# With the cache repeated b times, every layer copies the prompt's keys and values b times (the
+# cache's concatenation, then grouped heads repeated to all query heads) and attends each row to
+# its own copy: at the defaults that copying was a sixth of a diagnostics check on CPU. And rows
+# that start alike (a policy's reasonings do: "Player at (row ...") compute their shared start
+# once per row, a fifth of the tokens fed at the defaults. Both go: the batch is fed as the tree
+# of its distinct prefixes, one node per distinct (prefix, token), and `_prompt_attention`
+# splits each node's softmax over [prompt | its ancestors] in two, which is exact: the two
+# partial attentions weighted by their normalisers exp(log-sum-exp). All nodes attend to the one
+# prompt cache as one sequence; the rows, gathered from the nodes, attend causally to
+# themselves. PyTorch's CPU flash-attention kernel returns the log-sum-exp the merge needs.
+
+PROMPT_ATTENTION = "ragen2_shared_prompt"
+# A private op (it returns the log-sum-exp that the public one does not); without it, the repeated cache.
+_flash_attention_cpu = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+# Attention arguments that change what softmax attention computes (windows, soft-capping, sinks, biases).
+_UNSUPPORTED = ("sliding_window", "softcap", "s_aux", "sinks", "position_bias")
+
+
+@dataclass
+class _PrefixTree:
+    """Right-padded rows [b, T] as the tree of their distinct prefixes: node n is one token at one depth."""
+
+    tokens: torch.Tensor  # [N] each node's token
+    depths: torch.Tensor  # [N] its position in the rows that hold it
+    node_at: torch.Tensor  # [b, T] the node at each row position (node 0 at padding, whose results are discarded)
+    first_at: torch.Tensor  # [N] one flat position row * T + t of each node
+
+
+def _prefix_tree(tokens: torch.Tensor, lengths: Sequence[int]) -> _PrefixTree:
+    """The tree of the first `lengths[r]` tokens of each row r of `tokens` [b, T]."""
+    b, t = tokens.shape
+    index: dict[tuple[int, int], int] = {}  # (parent node, token) -> node; the root is -1
+    node_at = [[0] * t for _ in range(b)]
+    first_at: list[int] = []
+    for r, (row, n) in enumerate(zip(tokens.tolist(), lengths)):
+        parent = -1
+        for i in range(n):
+            node = index.setdefault((parent, row[i]), len(index))
+            if node == len(first_at):
+                first_at.append(r * t + i)
+            node_at[r][i] = parent = node
+    keys = list(index)
+    first = torch.tensor(first_at)
+    return _PrefixTree(
+        tokens=torch.tensor([token for _, token in keys]), depths=first % t, node_at=torch.tensor(node_at),
+        first_at=first,
+    )
+
+
+@dataclass
+class _SharedPrompt:
+    """What the forward's attention layers read: the prompt's cache, the fed tree, and which layers used them."""
+
+    cache: DynamicCache
+    tree: _PrefixTree
+    layers_done: set[int] = field(default_factory=set)
+
+
+class _Unsupported(Exception):
+    """A layer's attention is not plain softmax attention over all earlier tokens."""
+
+
+def _prompt_attention_applies(model: torch.nn.Module, device: torch.device) -> bool:
+    """Only CPU has the kernel; only standard attention (sdpa, eager) computes what it does."""
+    return (_flash_attention_cpu is not None and device.type == "cpu"
+            and getattr(model.config, "_attn_implementation", None) in ("sdpa", "eager"))
+
+
+@contextmanager
+def _attention_implementation(model: torch.nn.Module, name: str) -> Iterator[None]:
+    config = model.config
+    saved = config._attn_implementation
+    config._attn_implementation = name
+    try:
+        yield
+    finally:
+        config._attn_implementation = saved
+
+
+def _logp_after_shared_prompt(
+    model: torch.nn.Module, tokens: torch.Tensor, mask: torch.Tensor, prompt: DynamicCache, prompt_len: int
+) -> torch.Tensor | None:
+    """[b, T-1]: log p(tokens[:, t + 1] | prompt, tokens[:, :t + 1]) of right-padded `tokens` [b, T].
+
+    The rows' fed tokens (all but the last) go in as their prefix tree, after `prompt` (batch 1,
+    never repeated). None when the model did not route every layer's attention through
+    `_prompt_attention` (a model with its own attention code, a sliding window, soft-capping):
+    the caller falls back to the repeated cache.
+    """
+    tree = _prefix_tree(tokens[:, :-1], (mask.sum(dim=1) - 1).tolist())
+    shared = _SharedPrompt(prompt, tree)
+    try:
+        with _attention_implementation(model, PROMPT_ATTENTION):
+            logits = model(
+                input_ids=tree.tokens[None], position_ids=(prompt_len + tree.depths)[None], use_cache=False,
+                ragen2_prompt=shared,
+            ).logits[0]  # [N, V]: node n predicts the token after it
+    except _Unsupported:
+        return None
+    if shared.layers_done != set(range(len(prompt.layers))):
+        return None
+    return torch.log_softmax(logits.float(), dim=-1)[tree.node_at, tokens[:, 1:]]
+
+
+def _prompt_attention(
+    module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+    attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+    ragen2_prompt: _SharedPrompt | None = None, **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """Attention of a prefix tree's nodes to the prompt they all continue and to their ancestors.
+
+    query [1, H, N, d], key and value [1, H_kv, N, d] (the tree's nodes); returns [1, N, H, d] as
+    the transformers attention functions do. The tree, not `attention_mask`, says who sees whom;
+    the prompt's keys and values are read from `ragen2_prompt.cache` at this layer.
+    """
+    if (ragen2_prompt is None or dropout or kwargs.get("is_causal") is False
+            or any(kwargs.get(name) is not None for name in _UNSUPPORTED)):
+        raise _Unsupported
+    layer, tree = ragen2_prompt.cache.layers[module.layer_idx], ragen2_prompt.tree
+    heads, group = query.shape[1], query.shape[1] // key.shape[1]  # group: query heads per key/value head
+    keys, values, prompt_keys, prompt_values = (
+        x.repeat_interleave(group, dim=1) for x in (key, value, layer.keys, layer.values)
+    )
+    out_prompt, lse_prompt = _flash_attention_cpu(query, prompt_keys, prompt_values, scale=scaling)
+    b, t = tree.node_at.shape
+    rows = [x[0].transpose(0, 1)[tree.node_at.view(-1)].view(b, t, heads, -1).transpose(1, 2)
+            for x in (query, keys, values)]  # [b, H, T, d]
+    out_own, lse_own = _flash_attention_cpu(*rows, is_causal=True, scale=scaling)  # [b, H, T, d], [b, H, T]
+    # both to [1, N, H, (1 or d)]; a node's own part is that of any row position holding it
+    out_prompt, lse_prompt = out_prompt.transpose(1, 2), lse_prompt.transpose(1, 2)[..., None]
+    out_own = out_own.transpose(1, 2).reshape(b * t, heads, -1)[tree.first_at][None]
+    lse_own = lse_own.transpose(1, 2).reshape(b * t, heads)[tree.first_at][None, ..., None]
+    top = torch.maximum(lse_prompt, lse_own)
+    w_prompt, w_own = (lse_prompt - top).exp_(), (lse_own - top).exp_()
+    out = (out_prompt * w_prompt + out_own * w_own) / (w_prompt + w_own)
+    ragen2_prompt.layers_done.add(module.layer_idx)
+    return out.to(query.dtype), None
+
+
+# Registered without a mask function, so transformers builds no mask for it: the tree says who sees whom.
+AttentionInterface.register(PROMPT_ATTENTION, _prompt_attention)
 
 
 def _repeated(cache: DynamicCache, b: int) -> DynamicCache:

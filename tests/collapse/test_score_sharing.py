@@ -1,5 +1,6 @@
 """score_matrix's shared work (prompt prefixes encoded once, repeated prompts and reasonings scored
-once, blocks scored together, length-aware micro-batches, the prefix cache repeated as views)
+once, blocks scored together, length-aware micro-batches, the prefix cache repeated as views, or
+on CPU a micro-batch fed as the tree of its reasonings' prefixes against one prompt cache)
 changes no score: every case here is checked against `score_matrix_naive`, one unpadded
 [prompt | reasoning] pass per pair, and the online proxies against the same proxies computed from
 naive scores."""
@@ -14,8 +15,9 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 import ragen2.collapse.online as online
+import ragen2.collapse.scoring as scoring
 from ragen2.collapse import OnlineDiagnostics, score_matrix, score_matrix_naive
-from ragen2.collapse.scoring import FORWARD_COST, _repeated, _runs, score_matrices
+from ragen2.collapse.scoring import FORWARD_COST, _prefix_tree, _repeated, _runs, score_matrices
 from ragen2.config import CollapseConfig
 from scoring_models import VOCAB, tiny_llama, tiny_qwen2
 
@@ -71,6 +73,54 @@ def test_shared_prefixes_and_repeats_score_as_naive(name, micro_batch_size):
     np.testing.assert_allclose(got, expected, atol=1e-4, rtol=0)
     np.testing.assert_array_equal(got[:, 0], got[:, 3])  # a repeated prompt: one column, copied
     np.testing.assert_array_equal(got[0], got[2])  # a repeated reasoning: one row, copied
+
+
+def count_repeated_caches(monkeypatch) -> list[int]:
+    """The batch sizes `_repeated` was called with: empty when every micro-batch took the prefix tree."""
+    calls: list[int] = []
+    real = scoring._repeated
+    monkeypatch.setattr(scoring, "_repeated", lambda cache, b: calls.append(b) or real(cache, b))
+    return calls
+
+
+@pytest.mark.parametrize("name, tree", [("qwen2-sdpa", True), ("qwen2-eager", True), ("llama", True),
+                                        ("qwen2-lora", True), ("qwen2-sliding", False)])
+def test_standard_attention_takes_the_prefix_tree_and_a_sliding_window_does_not(name, tree, monkeypatch):
+    """On CPU, plain softmax attention scores against one prompt cache; a sliding-window layer is
+    refused by the shared-prompt attention, and the scorer falls back to repeated caches. Either
+    way the attention implementation is restored and the scores are the naive ones."""
+    model = MODELS[name]()
+    calls = count_repeated_caches(monkeypatch)
+    got = score_matrix(model, None, PROMPTS, REASONINGS, micro_batch_size=4)
+    assert (not calls) == tree
+    assert model.config._attn_implementation in ("sdpa", "eager")
+    np.testing.assert_allclose(got, score_matrix_naive(model, None, PROMPTS, REASONINGS), atol=1e-4, rtol=0)
+
+
+def test_prefix_tree_of_hand_made_rows():
+    """Rows 5 6 7 | 5 6 8 | 5 9 (padded): the shared 5 and 5 6 become one node each."""
+    tree = _prefix_tree(torch.tensor([[5, 6, 7], [5, 6, 8], [5, 9, 0]]), [3, 3, 2])
+    assert tree.tokens.tolist() == [5, 6, 7, 8, 9]
+    assert tree.depths.tolist() == [0, 1, 2, 2, 1]
+    assert tree.node_at.tolist() == [[0, 1, 2], [0, 1, 3], [0, 4, 0]]  # padding reads node 0
+    assert tree.first_at.tolist() == [0, 1, 2, 5, 7]  # flat row * 3 + t of each node's first position
+
+
+@pytest.mark.parametrize("micro_batch_size", [2, 32])
+def test_reasonings_sharing_their_start_score_as_naive(micro_batch_size):
+    """Prompts of 1, 4, 9 and 23 tokens; reasonings of 1 to 9 tokens that share a start, split, and
+    are prefixes of one another. The 33 tokens fed (each reasoning but its last token) are 16 nodes:
+    10 11 12 20 21 40 41 42, then 30 31 50 51 (after 10 11 12) and 60 61 62 63."""
+    rng = np.random.default_rng(3)
+    prompts = [ids(rng, n) for n in (1, 4, 9, 23)]
+    reasonings = [[10, 11, 12, 20, 21, 40, 41, 42, 43], [10, 11, 12, 20, 21, 44], [10, 11, 12, 30, 31],
+                  [10, 11, 12, 30, 31, 50, 51, 52], [10], [10, 11], [60, 61, 62, 63, 3], [10, 11, 12, 20, 21]]
+    model = tiny_qwen2()
+    got = score_matrix(model, None, prompts, reasonings, micro_batch_size=micro_batch_size)
+    np.testing.assert_allclose(got, score_matrix_naive(model, None, prompts, reasonings), atol=1e-4, rtol=0)
+    fed = torch.tensor([z[:-1] + [0] * (9 - len(z)) for z in reasonings])
+    tree = _prefix_tree(fed, [len(z) - 1 for z in reasonings])
+    assert (len(tree.tokens), int(fed.count_nonzero())) == (16, 33)
 
 
 def test_every_prompt_order_gives_the_same_matrix():
