@@ -385,10 +385,9 @@ class _LogprobAndEntropy(torch.autograd.Function):
         entropy, lse = torch.empty_like(logp), torch.empty_like(logp)
         for at in _chunks(logits.shape[:-1], chunk):
             z, y = _at_least_float32(logits[at]), labels[at]
-            lse[at] = torch.logsumexp(z, dim=-1)
-            p = torch.exp(z - lse[at][:, None])
-            entropy[at] = lse[at] - (p * z).sum(dim=-1)
-            logp[at] = torch.where(y >= 0, z.gather(-1, y.clamp_min(0)[:, None]).squeeze(-1) - lse[at], 0.0)
+            lse[at] = normaliser = torch.logsumexp(z, dim=-1)
+            entropy[at] = normaliser - (torch.exp(z - normaliser[:, None]) * z).sum(dim=-1)
+            logp[at] = torch.where(y >= 0, z.gather(-1, y.clamp_min(0)[:, None]).squeeze(-1) - normaliser, 0.0)
         ctx.save_for_backward(logits, labels, lse, entropy)
         ctx.chunk = chunk
         ctx.set_materialize_grads(False)
@@ -397,8 +396,6 @@ class _LogprobAndEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_logp: Tensor | None, grad_entropy: Tensor | None) -> tuple[Tensor | None, None, None]:
         logits, labels, lse, entropy = ctx.saved_tensors
-        if grad_logp is None and grad_entropy is None:
-            return None, None, None
         grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
         for at in _chunks(logits.shape[:-1], ctx.chunk):
             z = _at_least_float32(logits[at])
