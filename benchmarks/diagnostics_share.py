@@ -6,10 +6,11 @@ Sokoban, 8 groups x 8 episodes of up to 5 turns, diagnostics at step 1 and every
 intermediate checkpoints, the progress bar and TensorBoard off (step_throughput.py's QUIET);
 the end-of-run checkpoint is left out of the step time. Times are the trainer's own
 `timing_s/step` and `timing_s/collapse`. Each run is its own process. The "after" side imports
-ragen2 from this working tree; the "before" side from a copy of it whose `ragen2/collapse/` is
-`--base`'s (default HEAD; once the change measured is committed, the commit before it), so the
-two differ in the diagnostics' code only: uncommitted work elsewhere in the tree (the rollout,
-say) is on both sides, and so is the cached tiny policy. With `--repeats 2` or more the sides
+ragen2 from this working tree; the "before" side from a copy of it whose diagnostics' code
+(`--paths`: ragen2/collapse/, and the prefix store, backend and trainer that keep the rollout's
+keys/values for it) is `--base`'s (default HEAD; once the change measured is committed, the
+commit before it), so the two differ in that code only: uncommitted work elsewhere in the tree
+is on both sides, and so is the cached tiny policy. With `--repeats 2` or more the sides
 alternate (before, after, after, before, ...), so a change in machine load biases neither; the
 "after / before" ratio of the step time without the diagnostics, the same work on both sides,
 shows how much the load moved.
@@ -79,11 +80,21 @@ def run_side(steps: int, run_dir: Path, overrides: list[str]) -> dict[str, Any]:
             "default_diagnosed_fraction": diagnosed / total}
 
 
-def baseline_tree(base: str, dest: Path) -> Path:
-    """A copy of this tree's ragen2 package with `base`'s ragen2/collapse/ in place of its own."""
+# The diagnostics' code: the scorer and the online proxies, and the rollout's keys/values that the
+# trainer keeps for them on a diagnosed step.
+DIAGNOSTICS_PATHS = ("ragen2/collapse", "ragen2/agent/prefix_cache.py", "ragen2/agent/backends.py", "ragen2/rl/trainer.py")
+
+
+def baseline_tree(base: str, dest: Path, paths: list[str]) -> Path:
+    """A copy of this tree's ragen2 package with `base`'s version of `paths` in place of its own."""
     shutil.copytree(ROOT / "ragen2", dest / "ragen2", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.rmtree(dest / "ragen2" / "collapse")
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", base, "ragen2/collapse"], capture_output=True, check=True)
+    for path in paths:
+        target = dest / path
+        if target.is_dir():
+            shutil.rmtree(target)
+        elif target.exists():
+            target.unlink()
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", base, *paths], capture_output=True, check=True)
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
     return dest
 
@@ -135,7 +146,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=5, help="Training steps per run (5: diagnostics at steps 1 and 5).")
     parser.add_argument("--repeats", type=int, default=1, help="Runs per side, alternating the order.")
-    parser.add_argument("--base", default="HEAD", help="Git revision whose ragen2/collapse/ is the 'before' side.")
+    parser.add_argument("--base", default="HEAD", help="Git revision whose diagnostics' code is the 'before' side.")
+    parser.add_argument("--paths", nargs="+", default=list(DIAGNOSTICS_PATHS),
+                        help="What the 'before' side takes from --base (default: the diagnostics' code).")
     parser.add_argument("--out", default=None, help="Write the results as JSON here.")
     parser.add_argument("--side-json", default=None, help=argparse.SUPPRESS)  # internal: run one side, write JSON
     parser.add_argument("--run-dir", default=None, help=argparse.SUPPRESS)
@@ -150,7 +163,7 @@ def main() -> None:
 
     runs: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
     with tempfile.TemporaryDirectory(prefix="diagnostics_share-") as tmp:
-        paths = {"before": baseline_tree(args.base, Path(tmp) / "before-tree"), "after": ROOT}
+        paths = {"before": baseline_tree(args.base, Path(tmp) / "before-tree", args.paths), "after": ROOT}
         for repeat in range(args.repeats):
             for side in SIDES if repeat % 2 == 0 else SIDES[::-1]:
                 print(f"repeat {repeat + 1}/{args.repeats}: {side} ({args.steps} steps) ...", flush=True)
@@ -162,7 +175,7 @@ def main() -> None:
     f = b["default_diagnosed_fraction"]
 
     print(f"\nDefault config, {args.steps} steps x {args.repeats} run(s) per side, OMP_NUM_THREADS="
-          f"{os.environ.get('OMP_NUM_THREADS', 'unset')}; before = ragen2/collapse/ at {args.base}, after = this tree.")
+          f"{os.environ.get('OMP_NUM_THREADS', 'unset')}; before = {' '.join(args.paths)} at {args.base}, after = this tree.")
     print(f"share (default schedule) = f c / (s + f c), f = {f:.3f} of the default run's steps diagnosed, "
           "c = collapse s when run, s = step s without collapse\n")
     print("| side | steps (diagnosed) | c: collapse s when run | s: step s without collapse "
@@ -184,7 +197,8 @@ def main() -> None:
           f"same rollout returns every step: {all(d['same_returns_every_step'] for d in logged)}")
     if args.out:
         Path(args.out).write_text(json.dumps({"summary": summary, "logged_difference": logged, "runs": runs,
-                                              "steps": args.steps, "repeats": args.repeats, "base": args.base},
+                                              "steps": args.steps, "repeats": args.repeats, "base": args.base,
+                                              "paths": args.paths},
                                              indent=2) + "\n")
 
 

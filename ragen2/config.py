@@ -89,7 +89,8 @@ class RolloutConfig:
     prefix_reuse: bool = _f(
         True,
         "hf backend: each turn prefills only its new tokens, reusing the keys/values of the episode's earlier "
-        "turns and of the system prompt the batch shares; false prefills every prompt whole. Same samples "
+        "turns and of the system prompt the batch shares, and on diagnosed steps the collapse diagnostics score "
+        "the rollout's prompts from those keys/values; false prefills every prompt whole. Same samples "
         "either way (up to float rounding). vLLM always uses its prefix cache.",
     )
     vllm_gpu_memory_utilization: float = _f(

@@ -139,15 +139,25 @@ class HFBackend:
         self._stop_text = StopStringCriteria(tokenizer, self.stop_texts) if self.stop_texts else None
 
     @contextmanager
-    def reuse_prefixes(self) -> Iterator[None]:
+    def reuse_prefixes(self, keep_finished: bool = False) -> Iterator[PrefixStore | None]:
         """Inside this block, prompts reuse the keys/values of the block's earlier calls (their
-        prompts and outputs). Use it around one rollout: the weights must not change inside."""
+        prompts and outputs). Use it around one rollout: the weights must not change inside.
+
+        Yields the block's `PrefixStore` (None when `prefix_reuse` is off). A block opened inside
+        an open one shares its store and leaves it open, so a caller can keep a rollout's store
+        past its end: with `keep_finished` it keeps every episode's keys/values, not only those
+        of the episodes still running, until the outer block closes.
+        """
         if not self.prefix_reuse:
-            yield
+            yield None
             return
-        self._store = PrefixStore()
+        if self._store is not None:
+            self._store.keep_finished |= keep_finished
+            yield self._store
+            return
+        self._store = PrefixStore(keep_finished)
         try:
-            yield
+            yield self._store
         finally:
             self._store = None
 
@@ -262,7 +272,11 @@ class HFBackend:
         if not self.prefix_reuse:
             return found
         if self._store is not None:
-            found = [(e, min(n, len(p) - 1)) for (e, n), p in zip(map(self._store.match, prompts), prompts)]
+            matches = [self._store.match(p) for p in prompts]
+            for e, n in matches:
+                if e is not None and n == len(e.ids):
+                    self._store.mark_continued(e)
+            found = [(e, min(n, len(p) - 1)) for (e, n), p in zip(matches, prompts)]
         fresh = [r for r, (_, n) in enumerate(found) if n == 0]  # first turns: they share the system prompt
         if len(fresh) > 1:
             n = min(common_prefix_length([prompts[r] for r in fresh]), min(len(prompts[r]) for r in fresh) - 1)
@@ -387,7 +401,8 @@ def _full_attention(model: PreTrainedModel) -> bool:
     return all(kind == "full_attention" for kind in getattr(config, "layer_types", None) or ["full_attention"])
 
 
-def reuse_prefixes(backend: GenerationBackend) -> AbstractContextManager:
-    """`backend.reuse_prefixes()` where the backend has it (HFBackend), else a block that does nothing."""
+def reuse_prefixes(backend: GenerationBackend, keep_finished: bool = False) -> AbstractContextManager:
+    """`backend.reuse_prefixes(keep_finished)` where the backend has it (HFBackend), else a block that
+    does nothing and yields None."""
     method = getattr(backend, "reuse_prefixes", None)
-    return method() if method is not None else nullcontext()
+    return method(keep_finished) if method is not None else nullcontext()

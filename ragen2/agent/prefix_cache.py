@@ -30,16 +30,32 @@ class CachedPrefix:
 
 
 class PrefixStore:
-    """The cached prefixes of one rollout: `match` finds the longest reusable one for a prompt."""
+    """The cached prefixes of one rollout: `match` finds the longest reusable one for a prompt.
 
-    def __init__(self) -> None:
+    With `keep_finished`, the entries of episodes that ended stay until the store is dropped, so
+    that after the rollout every episode's keys/values are there (the collapse diagnostics
+    score the rollout's prompts from them); without it a finished episode's entry goes with the
+    next call, which bounds memory by the episodes still running.
+    """
+
+    def __init__(self, keep_finished: bool = False) -> None:
+        self.keep_finished = keep_finished
         self.entries: list[CachedPrefix] = []
         self._ids = np.zeros((0, 0), dtype=np.int64)  # [entries, longest] ids, padded with -1
         self._lens = np.zeros(0, dtype=np.int64)
+        self._continued: set[int] = set()  # id() of the entries a prompt of the current call holds whole
+
+    def mark_continued(self, entry: CachedPrefix) -> None:
+        """A prompt of the current call holds all of `entry`: its row's next entry will hold it too."""
+        self._continued.add(id(entry))
 
     def replace(self, entries: list[CachedPrefix]) -> None:
         """Keep `entries` (the rows of the latest call) instead of the previous ones: an episode's
-        newest entry extends its older ones, and finished episodes do not come back."""
+        newest entry extends its older ones. Finished episodes do not come back, so their entries
+        go, unless `keep_finished`: then every older entry that no prompt continued stays."""
+        if self.keep_finished:
+            entries = [e for e in self.entries if id(e) not in self._continued] + entries
+        self._continued = set()
         self.entries = entries
         width = max((len(e.ids) for e in entries), default=0)
         self._ids = np.full((len(entries), width), -1, dtype=np.int64)

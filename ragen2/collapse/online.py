@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ragen2.agent.prefix_cache import PrefixStore
 from ragen2.agent.types import Trajectory, Turn
 from ragen2.collapse.alarm import AlarmDecision, CollapseAlarm
 from ragen2.collapse.metrics import EmaState, mi_metrics
@@ -76,18 +77,24 @@ class OnlineDiagnostics:
         return self.config.enable and (step == 1 or step % self.config.compute_freq == 0)
 
     def step(
-        self, model: torch.nn.Module, tokenizer: Any, trajectories: Sequence[Trajectory], step: int
+        self, model: torch.nn.Module, tokenizer: Any, trajectories: Sequence[Trajectory], step: int,
+        prefixes: PrefixStore | None = None,
     ) -> StepResult:
         """The trainer's one call per step: metrics when scheduled, then the alarm on them."""
         if not self.should_run(step):
             return StepResult()
-        metrics = self.run(model, tokenizer, trajectories, step)
+        metrics = self.run(model, tokenizer, trajectories, step, prefixes)
         return StepResult(metrics, self.alarm.update(step, metrics))
 
     def run(
-        self, model: torch.nn.Module, tokenizer: Any, trajectories: Sequence[Trajectory], step: int
+        self, model: torch.nn.Module, tokenizer: Any, trajectories: Sequence[Trajectory], step: int,
+        prefixes: PrefixStore | None = None,
     ) -> dict[str, float]:
         """Both schemes' proxies on `trajectories` (the unfiltered batch), scored by `model`.
+
+        `prefixes`: the keys/values the rollout of `trajectories` computed with `model`'s
+        current weights, if it kept them (see `score_matrices`); prompts found there are not
+        encoded again.
 
         Returns `collapse_<scheme>/<metric>` for every number `mi_metrics` returns, plus
         `collapse_<scheme>/valid_thinking_rate`. A scheme with no non-empty reasoning reports
@@ -110,7 +117,7 @@ class OnlineDiagnostics:
             return out
         matrices = score_matrices(  # together: the schemes share first prompts and first-turn reasonings
             model, tokenizer, [(drawn[s].prompts, drawn[s].reasonings) for s in scored],
-            micro_batch_size=self.config.micro_batch_size,
+            micro_batch_size=self.config.micro_batch_size, prefixes=prefixes,
         )
         for scheme, logp in zip(scored, matrices):  # logp [M, P]
             pairs = drawn[scheme]

@@ -5,7 +5,8 @@ teacher-forced passes over [X_j | Z_m]; prompts are long (the whole dialogue so 
 reasonings short, so almost all of that work re-encodes the same P prompts. `score_matrix` runs
 each prompt once, keeps its key/value cache, and scores all M reasonings against copies of it in
 micro-batches; it also encodes a prefix that prompts share (the system prompt, an episode's
-earlier turns) once, and scores identical prompts or reasonings once; `score_matrices` does the
+earlier turns) once, takes the keys/values of a prompt a rollout kept (`prefixes`) instead of
+encoding it, and scores identical prompts or reasonings once; `score_matrices` does the
 same for several matrices at once, scoring what they share once. `score_matrix_naive` is the
 slow reference they are tested against.
 
@@ -33,7 +34,7 @@ from transformers import AttentionInterface, DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from ragen2.agent.backends import cache_keyword
-from ragen2.agent.prefix_cache import common_prefix_length
+from ragen2.agent.prefix_cache import CachedPrefix, PrefixStore, common_prefix_length
 
 TokenIds = Sequence[int] | np.ndarray | torch.Tensor
 
@@ -51,6 +52,7 @@ def score_matrix(
     *,
     micro_batch_size: int = 32,
     device: torch.device | str | None = None,
+    prefixes: PrefixStore | None = None,
 ) -> np.ndarray:
     """Sequence log-probs of every reasoning under every prompt, reusing each prompt's KV cache.
 
@@ -62,6 +64,8 @@ def score_matrix(
         micro_batch_size: reasonings scored per forward pass; bounds memory at about
             micro_batch_size x (prompt + reasoning) cached tokens and micro_batch_size x len x vocab logits.
         device: where the inputs go; defaults to the device of the model's parameters.
+        prefixes: keys/values a rollout of this same model (same weights) computed
+            (`HFBackend.reuse_prefixes(keep_finished=True)`): a prompt it holds is not encoded again.
 
     Returns:
         logp: float64 [M, P], logp[m, j] = sum_t log p(Z_m[t] | X_j, Z_m[:t]).
@@ -69,17 +73,19 @@ def score_matrix(
     Identical prompts (the first turns of one group) and identical reasonings (a templated policy
     writes many) are scored once and their column or row copied. Prompts are encoded along the
     trie of their token sequences (`_prompt_caches`), so a prefix they share (the system prompt,
-    the earlier turns of one episode) runs once. Per distinct prompt, its cache and the logits
-    that predict Z_m[0] come from there; then for each micro-batch the cache is repeated along
-    the batch dimension, the reasonings are right-padded, and one forward over all but their last
-    token (positions len(X_j) + t) gives the rest. Right padding is safe under causal attention:
+    the earlier turns of one episode) runs once; a prompt that `prefixes` holds takes its keys
+    and values from there. That cache holds all of X_j but its last token, which is fed with the
+    reasonings: for each micro-batch the cache is repeated along the batch dimension, and one
+    forward over [X_j[-1] | Z_m without its last token], right-padded, at positions len(X_j) - 1 + t,
+    predicts every token of every Z_m. Right padding is safe under causal attention:
     a real token never attends to a pad that comes after it. On CPU, with standard attention, the
     micro-batch goes in instead as the tree of its distinct prefixes against the one prompt cache
     (`_logp_after_shared_prompt`): no copies of the cache, and a start that reasonings share is
     computed once.
     """
     return score_matrices(
-        model, tokenizer_or_none, [(prompts, reasonings)], micro_batch_size=micro_batch_size, device=device
+        model, tokenizer_or_none, [(prompts, reasonings)], micro_batch_size=micro_batch_size, device=device,
+        prefixes=prefixes,
     )[0]
 
 
@@ -90,6 +96,7 @@ def score_matrices(
     *,
     micro_batch_size: int = 32,
     device: torch.device | str | None = None,
+    prefixes: PrefixStore | None = None,
 ) -> list[np.ndarray]:
     """`score_matrix` of several (prompts, reasonings) blocks in one pass: one matrix [M_k, P_k] per block.
 
@@ -112,36 +119,32 @@ def score_matrices(
         for j in set(block_columns.tolist()):
             needed[j].update(block_rows.tolist())
     device = _resolve_device(model, device)
-    batches: dict[tuple[int, ...], list[tuple[np.ndarray, torch.Tensor, torch.Tensor]]] = {}  # per reasoning set
+    batches: dict[tuple[int, ...], list[_Batch]] = {}  # per reasoning set
     logp = np.full((len(reasonings), len(prompt_keys)), np.nan)
     cache_arg = cache_keyword(model)
     shared_prompt = _prompt_attention_applies(model, device)  # cleared if the model turns out not to use it
+    contexts = [prompt[:-1] for prompt in prompt_keys]
     was_training = model.training
     model.eval()
     try:
         with torch.inference_mode():  # no autograd bookkeeping on any of the ~40k ops of a check
-            for j, prefix_cache, last_logits in _prompt_caches(model, prompt_keys, cache_arg, device):
-                prompt_len = len(prompt_keys[j])
-                first_logp = torch.log_softmax(last_logits.float(), dim=-1)  # [V], predicts Z[0]
+            for j, context in _context_caches(model, contexts, cache_arg, device, prefixes):
                 wanted = tuple(sorted(needed[j]))
                 if wanted not in batches:
                     subset = [reasonings[i] for i in wanted]
-                    batches[wanted] = [(np.array(wanted)[local], tokens, mask) for local, tokens, mask in
+                    batches[wanted] = [_Batch(np.array(wanted)[local], tokens, mask, shared_prompt)
+                                       for local, tokens, mask in
                                        _micro_batches(subset, micro_batch_size, _pad_id(tokenizer_or_none), device)]
-                for batch_rows, tokens, mask in batches[wanted]:
-                    token_logp = first_logp[tokens[:, :1]]  # [b, 1]
-                    if tokens.shape[1] > 1:  # the last token predicts nothing that is scored: it is not fed
-                        rest = None  # [b, T-1]: log p(tokens[:, t + 1] | prompt, tokens[:, :t + 1])
-                        if shared_prompt:
-                            rest = _logp_after_shared_prompt(model, tokens, mask, prefix_cache, prompt_len)
-                            shared_prompt = rest is not None
-                        if rest is None:
-                            logits = _logits_after_repeated_prompt(
-                                model, tokens[:, :-1], mask[:, :-1], prefix_cache, prompt_len, cache_arg
-                            )
-                            rest = _target_logp(logits, tokens[:, 1:])
-                        token_logp = torch.cat([token_logp, rest], dim=1)  # [b, T]
-                    logp[batch_rows, j] = _masked_sum(token_logp, mask)
+                last, context_len = prompt_keys[j][-1], len(contexts[j])
+                for batch in batches[wanted]:
+                    token_logp = None  # [b, T]: log p(tokens[:, t] | prompt, tokens[:, :t])
+                    if shared_prompt:
+                        token_logp = _logp_after_shared_prompt(model, batch, last, context, context_len)
+                        shared_prompt = token_logp is not None
+                    if token_logp is None:
+                        logits = _logits_after_repeated_prompt(model, batch, last, context, context_len, cache_arg)
+                        token_logp = _target_logp(logits, batch.tokens)
+                    logp[batch.rows, j] = _masked_sum(token_logp, batch.mask)
     finally:
         model.train(was_training)
     return [logp[np.ix_(block_rows, block_columns)] for block_rows, block_columns in zip(rows, columns)]
@@ -185,59 +188,88 @@ def score_matrix_naive(
     return logp
 
 
-def _prompt_caches(
-    model: torch.nn.Module, prompts: list[tuple[int, ...]], cache_arg: str, device: torch.device
-) -> Iterator[tuple[int, DynamicCache, torch.Tensor]]:
-    """Yield (j, KV cache of prompts[j], logits [V] at its last token) for every prompt, in trie order.
+def _context_caches(
+    model: torch.nn.Module, contexts: list[tuple[int, ...]], cache_arg: str, device: torch.device,
+    prefixes: PrefixStore | None,
+) -> Iterator[tuple[int, DynamicCache]]:
+    """Yield (j, KV cache of contexts[j]) for every context: a prompt without its last token.
 
-    The prompts are sorted, so those sharing a prefix are adjacent; the shared part is encoded
-    once and its cache copied where the prompts part. The yielded cache is only valid until the
-    next item (a prompt that continues it, such as an episode's earlier turn and its later turns,
-    extends it in place): the caller must not extend it itself, nor keep it.
+    A context that `prefixes` holds whole is cut from there (views, nothing is computed). The
+    others are sorted, so those sharing a prefix are adjacent; the shared part is encoded once
+    and its cache copied where they part. The yielded cache is only valid until the next item
+    (a context that continues it, such as an episode's earlier turn and its later turns, extends
+    it in place): the caller must not extend it itself, nor keep it.
     """
-    order = sorted(range(len(prompts)), key=prompts.__getitem__)
+    encode = []
+    for j, context in enumerate(contexts):
+        entry, n = prefixes.match(context) if prefixes is not None and context else (None, 0)
+        if entry is not None and n == len(context):
+            yield j, _cache_of_prefix(entry, n)
+        else:
+            encode.append(j)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     last_only = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(base.forward).parameters else {}
 
-    def extend(cache: DynamicCache, tokens: tuple[int, ...]) -> torch.Tensor:
-        """Feed `tokens` after what `cache` holds; only the last position's logits are needed."""
-        ids = torch.tensor([tokens], dtype=torch.long, device=device)
-        return model(input_ids=ids, use_cache=True, **{cache_arg: cache}, **last_only).logits[0, -1]
+    def extend(cache: DynamicCache, tokens: tuple[int, ...]) -> None:
+        """Feed `tokens` after what `cache` holds (for their keys and values: the logits are not used)."""
+        model(input_ids=torch.tensor([tokens], dtype=torch.long, device=device), use_cache=True,
+              **{cache_arg: cache}, **last_only)
 
-    def walk(
-        group: list[int], depth: int, cache: DynamicCache, logits: torch.Tensor | None
-    ) -> Iterator[tuple[int, DynamicCache, torch.Tensor]]:
-        """`group`: sorted prompts sharing their first `depth` tokens, which `cache` holds."""
-        first = prompts[group[0]]
-        shared = common_prefix_length([first, prompts[group[-1]]])  # sorted: the first and last share the least
+    def walk(group: list[int], depth: int, cache: DynamicCache) -> Iterator[tuple[int, DynamicCache]]:
+        """`group`: sorted contexts sharing their first `depth` tokens, which `cache` holds."""
+        first = contexts[group[0]]
+        shared = common_prefix_length([first, contexts[group[-1]]])  # sorted: the first and last share the least
         if shared > depth:
-            logits = extend(cache, first[depth:shared])
-        if len(first) == shared:  # a prompt that ends here (sorted first): all others continue it
-            yield group[0], cache, logits
+            extend(cache, first[depth:shared])
+        while group and len(contexts[group[0]]) == shared:  # contexts that end here (sorted first; maybe equal)
+            yield group[0], cache
             group = group[1:]
         children: list[list[int]] = []  # runs of the group with the same next token
         for j in group:
-            if children and prompts[children[-1][0]][shared] == prompts[j][shared]:
+            if children and contexts[children[-1][0]][shared] == contexts[j][shared]:
                 children[-1].append(j)
             else:
                 children.append([j])
         for i, child in enumerate(children):
             last = i == len(children) - 1
-            yield from walk(child, shared, cache if last else copy.deepcopy(cache), logits)
+            yield from walk(child, shared, cache if last else copy.deepcopy(cache))
 
-    yield from walk(order, 0, DynamicCache(config=model.config), None)
+    if encode:
+        yield from walk(sorted(encode, key=contexts.__getitem__), 0, DynamicCache(config=model.config))
+
+
+def _cache_of_prefix(entry: CachedPrefix, n: int) -> DynamicCache:
+    """A batch-1 cache of the first `n` tokens a rollout cached in `entry` (views of its tensors)."""
+    return DynamicCache(ddp_cache_data=[(k[None, :, :n], v[None, :, :n]) for k, v in zip(entry.keys, entry.values)])
+
+
+class _Batch:
+    """A micro-batch of reasonings, scored under one prompt after another: its rows, tokens and their tree."""
+
+    def __init__(self, rows: np.ndarray, tokens: torch.Tensor, mask: torch.Tensor, with_tree: bool) -> None:
+        self.rows = rows  # [b] the reasonings' indices
+        self.tokens = tokens  # [b, T] right-padded reasonings
+        self.mask = mask  # [b, T] 1 at their tokens
+        # What is fed is [prompt's last token | reasoning but its last token]: the same tree under
+        # every prompt, its root (node 0) the prompt's last token; built once.
+        fed = torch.cat([tokens.new_zeros(len(tokens), 1), tokens[:, :-1]], dim=1)
+        self.tree = _prefix_tree(fed, mask.sum(dim=1).tolist()) if with_tree else None
+
+    def fed(self, last: int) -> torch.Tensor:
+        """[b, T]: `last`, then each reasoning but its last token (right-padded as `tokens`)."""
+        return torch.cat([self.tokens.new_full((len(self.tokens), 1), last), self.tokens[:, :-1]], dim=1)
 
 
 def _logits_after_repeated_prompt(
-    model: torch.nn.Module, tokens: torch.Tensor, mask: torch.Tensor, prompt: DynamicCache, prompt_len: int,
-    cache_arg: str,
+    model: torch.nn.Module, batch: _Batch, last: int, context: DynamicCache, context_len: int, cache_arg: str
 ) -> torch.Tensor:
-    """Logits [b, T, V] of right-padded `tokens` [b, T] fed after `prompt`'s cache, repeated b times (any model)."""
+    """Logits [b, T, V] of `batch.fed(last)` after `context`'s cache, repeated b times (any model)."""
+    tokens = batch.fed(last)
     b, t = tokens.shape
-    attention_mask = torch.cat([mask.new_ones(b, prompt_len), mask], dim=1)  # [b, Lp+T]
-    positions = prompt_len + torch.arange(t, device=tokens.device).expand(b, t)
+    attention_mask = torch.cat([batch.mask.new_ones(b, context_len), batch.mask], dim=1)  # [b, Lc+T]
+    positions = context_len + torch.arange(t, device=tokens.device).expand(b, t)
     return model(
-        input_ids=tokens, attention_mask=attention_mask, position_ids=positions, **{cache_arg: _repeated(prompt, b)}
+        input_ids=tokens, attention_mask=attention_mask, position_ids=positions, **{cache_arg: _repeated(context, b)}
     ).logits
 
 
@@ -323,28 +355,31 @@ def _attention_implementation(model: torch.nn.Module, name: str) -> Iterator[Non
 
 
 def _logp_after_shared_prompt(
-    model: torch.nn.Module, tokens: torch.Tensor, mask: torch.Tensor, prompt: DynamicCache, prompt_len: int
+    model: torch.nn.Module, batch: _Batch, last: int, context: DynamicCache, context_len: int
 ) -> torch.Tensor | None:
-    """[b, T-1]: log p(tokens[:, t + 1] | prompt, tokens[:, :t + 1]) of right-padded `tokens` [b, T].
+    """[b, T]: log p(batch.tokens[:, t] | prompt, batch.tokens[:, :t]), the prompt being `context` then `last`.
 
-    The rows' fed tokens (all but the last) go in as their prefix tree, after `prompt` (batch 1,
+    The rows' fed tokens go in as their prefix tree (its root `last`), after `context` (batch 1,
     never repeated). None when the model did not route every layer's attention through
     `_prompt_attention` (a model with its own attention code, a sliding window, soft-capping):
     the caller falls back to the repeated cache.
     """
-    tree = _prefix_tree(tokens[:, :-1], (mask.sum(dim=1) - 1).tolist())
-    shared = _SharedPrompt(prompt, tree)
+    tree = batch.tree
+    shared = _SharedPrompt(context, tree)
+    tokens = tree.tokens.clone()
+    tokens[0] = last
     try:
         with _attention_implementation(model, PROMPT_ATTENTION):
             logits = model(
-                input_ids=tree.tokens[None], position_ids=(prompt_len + tree.depths)[None], use_cache=False,
+                input_ids=tokens[None], position_ids=(context_len + tree.depths)[None], use_cache=False,
                 ragen2_prompt=shared,
-            ).logits[0]  # [N, V]: node n predicts the token after it
+            ).logits[0].float()  # [N, V]: node n predicts the token after it
     except _Unsupported:
         return None
-    if shared.layers_done != set(range(len(prompt.layers))):
+    if shared.layers_done != set(range(len(context.layers))):
         return None
-    return torch.log_softmax(logits.float(), dim=-1)[tree.node_at, tokens[:, 1:]]
+    # log-softmax at the targets only: the full [N, V] of it is never needed
+    return logits[tree.node_at, batch.tokens] - torch.logsumexp(logits, dim=-1)[tree.node_at]
 
 
 def _prompt_attention(
@@ -363,21 +398,21 @@ def _prompt_attention(
         raise _Unsupported
     layer, tree = ragen2_prompt.cache.layers[module.layer_idx], ragen2_prompt.tree
     heads, group = query.shape[1], query.shape[1] // key.shape[1]  # group: query heads per key/value head
-    keys, values, prompt_keys, prompt_values = (
-        x.repeat_interleave(group, dim=1) for x in (key, value, layer.keys, layer.values)
-    )
-    out_prompt, lse_prompt = _flash_attention_cpu(query, prompt_keys, prompt_values, scale=scaling)
+    keys, values = key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1)
     b, t = tree.node_at.shape
     rows = [x[0].transpose(0, 1)[tree.node_at.view(-1)].view(b, t, heads, -1).transpose(1, 2)
             for x in (query, keys, values)]  # [b, H, T, d]
     out_own, lse_own = _flash_attention_cpu(*rows, is_causal=True, scale=scaling)  # [b, H, T, d], [b, H, T]
-    # both to [1, N, H, (1 or d)]; a node's own part is that of any row position holding it
-    out_prompt, lse_prompt = out_prompt.transpose(1, 2), lse_prompt.transpose(1, 2)[..., None]
-    out_own = out_own.transpose(1, 2).reshape(b * t, heads, -1)[tree.first_at][None]
-    lse_own = lse_own.transpose(1, 2).reshape(b * t, heads)[tree.first_at][None, ..., None]
-    top = torch.maximum(lse_prompt, lse_own)
-    w_prompt, w_own = (lse_prompt - top).exp_(), (lse_own - top).exp_()
-    out = (out_prompt * w_prompt + out_own * w_own) / (w_prompt + w_own)
+    # to [1, N, H, d]: a node's own part is that of any row position holding it
+    out = out_own.transpose(1, 2).reshape(b * t, heads, -1)[tree.first_at][None]
+    if layer.is_initialized and layer.keys.shape[-2]:  # else a one-token prompt: no context to attend to
+        prompt_keys, prompt_values = (x.repeat_interleave(group, dim=1) for x in (layer.keys, layer.values))
+        out_prompt, lse_prompt = _flash_attention_cpu(query, prompt_keys, prompt_values, scale=scaling)
+        out_prompt, lse_prompt = out_prompt.transpose(1, 2), lse_prompt.transpose(1, 2)[..., None]
+        lse_own = lse_own.transpose(1, 2).reshape(b * t, heads)[tree.first_at][None, ..., None]
+        top = torch.maximum(lse_prompt, lse_own)
+        w_prompt, w_own = (lse_prompt - top).exp_(), (lse_own - top).exp_()
+        out = (out_prompt * w_prompt + out * w_own) / (w_prompt + w_own)
     ragen2_prompt.layers_done.add(module.layer_idx)
     return out.to(query.dtype), None
 

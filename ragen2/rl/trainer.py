@@ -54,6 +54,8 @@ import yaml
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ragen2.agent import GenerationBackend, HFBackend, RolloutStats, Trajectory, group_seeds, rollout, summarize
+from ragen2.agent.backends import reuse_prefixes
+from ragen2.agent.prefix_cache import PrefixStore
 from ragen2.agent.rollout import stable_seed
 from ragen2.agent.vllm_backend import VLLMBackend
 from ragen2.collapse.alarm import AlarmDecision
@@ -180,12 +182,16 @@ def training_step(run: Run, step: int, interrupts: _Interrupts) -> dict[str, flo
     """One RL iteration, phase by phase; returns the metrics it logged for `step`."""
     cfg = run.config.trainer
     timer = _PhaseTimer()
-    with timer("rollout"):
-        trajectories, metrics = rollout_phase(run, step)
-    save_training_samples(run, step, trajectories)
-    if run.diagnostics.should_run(step):
-        with timer("collapse"):
-            metrics |= diagnose_phase(run, trajectories, step)
+    diagnosed = run.diagnostics.should_run(step)
+    # On a diagnosed step the rollout's keys/values outlive it, up to the diagnostics: they score the
+    # rollout's prompts from them instead of encoding them again. Closed before the weights change.
+    with reuse_prefixes(backend_of(run), keep_finished=True) if diagnosed else contextlib.nullcontext() as prefixes:
+        with timer("rollout"):
+            trajectories, metrics = rollout_phase(run, step)
+        save_training_samples(run, step, trajectories)
+        if diagnosed:
+            with timer("collapse"):
+                metrics |= diagnose_phase(run, trajectories, step, prefixes)
     with timer("filter"):
         kept, filter_metrics = filter_phase(run, trajectories)
     metrics |= filter_metrics
@@ -248,10 +254,9 @@ def rollout_phase(run: Run, step: int) -> tuple[list[Trajectory], dict[str, floa
     mine = slice(groups.start * G, groups.stop * G)  # this rank's episodes, group-major
     torch.manual_seed(derived_seed(cfg.trainer.seed, step, "rollout"))
     stats = RolloutStats()
-    run.backend = run.backend or make_backend(run)
     with _finite_sampling(run, step, "training rollouts"):
         trajectories = rollout(
-            run.backend, run.tokenizer, cfg.env.name, cfg.env.kwargs, seeds[mine], group_ids[mine], cfg=cfg.rollout,
+            backend_of(run), run.tokenizer, cfg.env.name, cfg.env.kwargs, seeds[mine], group_ids[mine], cfg=cfg.rollout,
             stats=stats, sample_seeds=sample_seeds[mine],
         )
     trajectories = distributed.gather_objects(trajectories)  # all P x G, in group order, on every rank
@@ -280,6 +285,12 @@ def save_training_samples(run: Run, step: int, trajectories: list[Trajectory]) -
     write_rollout_records(run.run_dir / "rollouts" / f"train_step_{step}.jsonl", picked, run.tokenizer)
 
 
+def backend_of(run: Run) -> GenerationBackend:
+    """The run's rollout engine, made on first use."""
+    run.backend = run.backend or make_backend(run)
+    return run.backend
+
+
 def make_backend(run: Run) -> GenerationBackend:
     """The engine of `rollout.backend`: `generate` on the policy itself, or a vLLM engine holding a copy of its weights."""
     r = run.config.rollout
@@ -296,9 +307,11 @@ def push_weights(run: Run) -> None:
         run.backend.load_weights(run.policy)
 
 
-def diagnose_phase(run: Run, trajectories: list[Trajectory], step: int) -> dict[str, float]:
+def diagnose_phase(
+    run: Run, trajectories: list[Trajectory], step: int, prefixes: PrefixStore | None = None
+) -> dict[str, float]:
     """MI proxies on the batch before filtering (they describe the policy that sampled it)."""
-    result = run.diagnostics.step(run.policy, run.tokenizer, trajectories, step)
+    result = run.diagnostics.step(run.policy, run.tokenizer, trajectories, step, prefixes)
     if result.alarm is not None:
         collapse_alarm(run, result.alarm)
     return result.metrics

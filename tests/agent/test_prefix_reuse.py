@@ -120,3 +120,38 @@ def test_prefix_store_matches_the_longest_common_prefix():
     assert common_prefix_length([[1, 2, 3], [1, 2, 4], [1, 2]]) == 2
     assert common_prefix_length([[5], [6]]) == 0
 
+
+
+def test_a_kept_store_holds_every_episode_after_the_rollout(model, tokenizer):
+    """Opened around a rollout with `keep_finished`, the store outlives the rollout's own block and
+    holds every turn's prompt of every episode, with one entry per episode (an entry its next turn
+    continued is dropped); it closes with the outer block."""
+    cfg = RolloutConfig(max_turns=4, max_tokens_per_turn=12, temperature=1.0)
+    seeds, gids = group_seeds(0, 3, 3)
+    backend = HFBackend(model, tokenizer)
+    with backend.reuse_prefixes(keep_finished=True) as store:
+        trajectories = rollout(backend, tokenizer, "sokoban", {}, seeds, gids, cfg, sample_seeds=list(range(9)))
+        assert backend._store is store  # the rollout's block shared it and left it open
+        for trajectory in trajectories:
+            for turn in trajectory.turns:
+                entry, n = store.match(turn.prompt_ids)
+                assert n == len(turn.prompt_ids)
+                assert entry.keys[0].shape[1] == len(entry.ids)
+        assert len(store.entries) == len(trajectories)
+    assert backend._store is None
+
+
+@pytest.mark.parametrize("keep_finished", [False, True])
+def test_an_ended_row_stays_only_with_keep_finished(model, tokenizer, prompts, keep_finished):
+    """Four rows, then a second call that continues three of them: the fourth row ended. Its entry
+    goes with the second call, unless `keep_finished`; the three continued entries go either way."""
+    backend = HFBackend(model, tokenizer, stop_strings=())
+    kwargs = {"max_new_tokens": 4, "temperature": 1.0, "top_p": 1.0}
+    with backend.reuse_prefixes(keep_finished) as store:
+        first = backend.generate(prompts, seeds=[1, 2, 3, 4], **kwargs)
+        follow = [p + o.token_ids + p[:2] for p, o in zip(prompts[:3], first)]
+        backend.generate(follow, seeds=[5, 6, 7], **kwargs)
+        held = [e.ids for e in store.entries]
+    ended = prompts[3] + first[3].token_ids[:-1]
+    assert (ended in held) == keep_finished
+    assert len(held) == 3 + keep_finished

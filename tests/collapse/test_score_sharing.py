@@ -109,8 +109,9 @@ def test_prefix_tree_of_hand_made_rows():
 @pytest.mark.parametrize("micro_batch_size", [2, 32])
 def test_reasonings_sharing_their_start_score_as_naive(micro_batch_size):
     """Prompts of 1, 4, 9 and 23 tokens; reasonings of 1 to 9 tokens that share a start, split, and
-    are prefixes of one another. The 33 tokens fed (each reasoning but its last token) are 16 nodes:
-    10 11 12 20 21 40 41 42, then 30 31 50 51 (after 10 11 12) and 60 61 62 63."""
+    are prefixes of one another. The 41 tokens fed (the prompt's last token, then each reasoning
+    but its last token) are 17 nodes: the prompt's last token, 10 11 12 20 21 40 41 42, then
+    30 31 50 51 (after 10 11 12) and 60 61 62 63."""
     rng = np.random.default_rng(3)
     prompts = [ids(rng, n) for n in (1, 4, 9, 23)]
     reasonings = [[10, 11, 12, 20, 21, 40, 41, 42, 43], [10, 11, 12, 20, 21, 44], [10, 11, 12, 30, 31],
@@ -118,9 +119,15 @@ def test_reasonings_sharing_their_start_score_as_naive(micro_batch_size):
     model = tiny_qwen2()
     got = score_matrix(model, None, prompts, reasonings, micro_batch_size=micro_batch_size)
     np.testing.assert_allclose(got, score_matrix_naive(model, None, prompts, reasonings), atol=1e-4, rtol=0)
-    fed = torch.tensor([z[:-1] + [0] * (9 - len(z)) for z in reasonings])
-    tree = _prefix_tree(fed, [len(z) - 1 for z in reasonings])
-    assert (len(tree.tokens), int(fed.count_nonzero())) == (16, 33)
+    batch = scoring._Batch(np.arange(len(reasonings)), *padded(reasonings), with_tree=True)
+    assert (len(batch.tree.tokens), int(batch.mask.sum())) == (17, 41)
+    assert batch.fed(99)[:, 0].tolist() == [99] * len(reasonings) and batch.tree.node_at[:, 0].tolist() == [0] * 8
+
+
+def padded(reasonings: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(map(len, reasonings))
+    tokens = torch.tensor([z + [0] * (width - len(z)) for z in reasonings])
+    return tokens, torch.tensor([[1] * len(z) + [0] * (width - len(z)) for z in reasonings])
 
 
 def test_every_prompt_order_gives_the_same_matrix():
@@ -220,3 +227,26 @@ def test_online_proxies_equal_those_of_naive_scores(tiny_tokenizer, tiny_model, 
         assert "collapse_trajectory/mi_zscore_ema" in out and "collapse_first_turn/mi_zscore_ema" in out
         for key in ref:
             assert out[key] == pytest.approx(ref[key], abs=1e-4), key
+
+
+def test_prompts_scored_from_a_rollouts_keys_and_values_score_as_encoded(tiny_tokenizer, tiny_model, monkeypatch):
+    """The trainer's diagnosed step: a multi-turn rollout keeps its keys/values, and every turn's prompt
+    is scored from them (none is encoded again), within 1e-4 of encoding each prompt afresh."""
+    from ragen2.agent import HFBackend, group_seeds, rollout
+    from ragen2.config import RolloutConfig
+
+    cfg = RolloutConfig(max_turns=3, max_tokens_per_turn=10, temperature=1.0)
+    seeds, gids = group_seeds(0, 3, 2)
+    backend = HFBackend(tiny_model, tiny_tokenizer)
+    cut = []
+    real = scoring._cache_of_prefix
+    monkeypatch.setattr(scoring, "_cache_of_prefix", lambda entry, n: cut.append(n) or real(entry, n))
+    with backend.reuse_prefixes(keep_finished=True) as store:
+        trajectories = rollout(backend, tiny_tokenizer, "sokoban", {}, seeds, gids, cfg, sample_seeds=list(range(6)))
+        turns = [turn for t in trajectories for turn in t.turns]
+        prompts, reasonings = [t.prompt_ids for t in turns], [t.response_ids for t in turns]
+        assert len(turns) > len(trajectories)  # later turns, whose prompts hold earlier ones
+        reused = score_matrix(tiny_model, tiny_tokenizer, prompts, reasonings, micro_batch_size=4, prefixes=store)
+    assert len(cut) == len({tuple(p) for p in prompts})  # every distinct prompt came from the store
+    encoded = score_matrix(tiny_model, tiny_tokenizer, prompts, reasonings, micro_batch_size=4)
+    np.testing.assert_allclose(reused, encoded, atol=1e-4, rtol=0)
