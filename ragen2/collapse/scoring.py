@@ -72,7 +72,7 @@ def score_matrix(
 
     Identical prompts (the first turns of one group) and identical reasonings (a templated policy
     writes many) are scored once and their column or row copied. Prompts are encoded along the
-    trie of their token sequences (`_prompt_caches`), so a prefix they share (the system prompt,
+    trie of their token sequences (`_context_caches`), so a prefix they share (the system prompt,
     the earlier turns of one episode) runs once; a prompt that `prefixes` holds takes its keys
     and values from there. That cache holds all of X_j but its last token, which is fed with the
     reasonings: for each micro-batch the cache is repeated along the batch dimension, and one
