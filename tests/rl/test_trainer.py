@@ -271,6 +271,27 @@ def test_short_run_writes_the_run_directory(policy_dir, tmp_path):
     assert "run dir" in summary and str(run_dir) in summary and "2 / 2" in summary
 
 
+def test_a_diagnosed_step_hands_the_rollouts_keys_and_values_to_the_diagnostics(policy_dir, tmp_path, monkeypatch):
+    """Steps 1 and 2 of `collapse.compute_freq=2` get the rollout's prefix store, holding every
+    episode's prompts whole; a store left open would be read after the update, so none outlives
+    its step: the next step's rollout starts from an empty one."""
+    seen = []
+
+    def diagnose(run, trajectories, step, prefixes=None):
+        assert prefixes is not None and run.backend._store is prefixes
+        for trajectory in trajectories:
+            for turn in trajectory.turns:
+                assert prefixes.match(turn.prompt_ids)[1] == len(turn.prompt_ids)
+        seen.append((step, prefixes, len(prefixes.entries)))
+        return {}
+
+    monkeypatch.setattr(trainer, "diagnose_phase", diagnose)
+    trainer.train(tiny_config(policy_dir, tmp_path / "run", "collapse.compute_freq=2", "trainer.total_steps=3"))
+    assert [step for step, _, _ in seen] == [1, 2]
+    assert seen[0][1] is not seen[1][1]
+    assert [entries for _, _, entries in seen] == [8, 8]  # one per episode of 2 x 4
+
+
 def test_every_emitted_metric_is_documented(policy_dir, tmp_path):
     """Each key a PPO run with KL writes has a row in docs/metrics.md (STYLE 7)."""
     run_dir = tmp_path / "run"
