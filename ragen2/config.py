@@ -195,6 +195,12 @@ class CollapseConfig:
     compute_freq: int = _f(5, "Compute at step 1 and every N steps. Reference: 5.")
     num_samples: int = _f(64, "Pairs per sampling scheme. Reference: 64.")
     micro_batch_size: int = _f(32, "Reasonings scored per forward pass.")
+    rollout_cache: bool = _f(
+        True,
+        "Score the rollout's prompts from the keys/values it computed (hf backend with rollout.prefix_reuse): "
+        "on diagnosed steps every episode's cache is kept until the check. false encodes the prompts again "
+        "and holds less memory on those steps.",
+    )
     marginal: Literal["mixture", "token_mean"] = _f(
         "mixture",
         "Per-token marginal of MI-Est: mixture (the paper's formula) or token_mean (the reference code's variant).",

@@ -185,7 +185,8 @@ def training_step(run: Run, step: int, interrupts: _Interrupts) -> dict[str, flo
     diagnosed = run.diagnostics.should_run(step)
     # On a diagnosed step the rollout's keys/values outlive it, up to the diagnostics: they score the
     # rollout's prompts from them instead of encoding them again. Closed before the weights change.
-    with reuse_prefixes(backend_of(run), keep_finished=True) if diagnosed else contextlib.nullcontext() as prefixes:
+    keep = diagnosed and run.config.collapse.rollout_cache
+    with reuse_prefixes(backend_of(run), keep_finished=True) if keep else contextlib.nullcontext() as prefixes:
         with timer("rollout"):
             trajectories, metrics = rollout_phase(run, step)
         save_training_samples(run, step, trajectories)

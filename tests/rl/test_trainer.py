@@ -292,6 +292,13 @@ def test_a_diagnosed_step_hands_the_rollouts_keys_and_values_to_the_diagnostics(
     assert [entries for _, _, entries in seen] == [8, 8]  # one per episode of 2 x 4
 
 
+def test_collapse_rollout_cache_false_encodes_the_prompts_again(policy_dir, tmp_path, monkeypatch):
+    seen = []
+    monkeypatch.setattr(trainer, "diagnose_phase", lambda run, trajectories, step, prefixes=None: seen.append(prefixes) or {})
+    trainer.train(tiny_config(policy_dir, tmp_path / "run", "collapse.rollout_cache=false", "trainer.total_steps=1"))
+    assert seen == [None]
+
+
 def test_every_emitted_metric_is_documented(policy_dir, tmp_path):
     """Each key a PPO run with KL writes has a row in docs/metrics.md (STYLE 7)."""
     run_dir = tmp_path / "run"
