@@ -4,12 +4,18 @@ The warm start is a short one on FrozenLake demonstrations only (40 LoRA steps; 
 cache keeps it, about 18 minutes on one core the first time). It teaches the answer format
 (valid-format rate 1.0 on FrozenLake) but not Bandit: on Bandit the policy writes
 `<answer>Left</answer>` or a name that is not an arm, and picks the higher-expected-value arm
-about 3 times in 100. GRPO then has to learn the task from its rewards alone: an invalid answer
+about 3 times in 100. RL then has to learn the task from its rewards alone: an invalid answer
 costs 0.1, the safe arm pays 0.1, the risky (better) arm 1.0 one time in four. Success is
 measured by the trainer itself, at step 0 and after the last step, on the same held-out seeds.
 
-At the time of writing the run went from 0.031 to 0.227 (128 episodes each): most of the gain
-is the policy learning to name an arm; it still picks the safe arm more often than the risky one.
+Dr.GRPO, not GRPO. A group's episodes share the environment seed, so the risky arm pays all of
+them 1.0 or all of them 0. GRPO divides each group's advantages by the group's reward spread:
+the three groups in four where the risky arm paid 0 (safe 0.1 against risky 0) then push towards
+the safe arm as hard as the one where it paid 1.0 pushes back, and runs learned to name the safe
+arm (0.031 -> 0.086 and 0.031 -> 0.008 held-out success, return -0.07 -> 0.10). Dr.GRPO keeps
+the reward differences as they are (0.1 against 0.9), which in expectation favour the risky arm.
+At the time of writing the run went from 0.031 to 0.422 (128 episodes each, 8.4 standard errors)
+in 25 minutes on one core.
 """
 
 from __future__ import annotations
@@ -38,11 +44,11 @@ def policy():
     return base_warmstart.warmstart_base(gguf.SMOLLM2_ALIAS, **WARMSTART)
 
 
-def test_grpo_raises_smollm2_bandit_success_by_more_than_three_standard_errors(policy, tmp_path):
+def test_drgrpo_raises_smollm2_bandit_success_by_more_than_three_standard_errors(policy, tmp_path):
     train(load_config("bandit", [
         f"model.path={policy}", "model.device=cpu", "model.lora_rank=8", "optim.lr=1e-3",
         "rollout.num_groups=4", "rollout.group_size=8", "algo.micro_batch_size=8",
-        "algo.name=grpo", "filter.strategy=none",
+        "algo.name=drgrpo", "filter.strategy=none",
         f"trainer.total_steps={STEPS}", f"trainer.eval_every={STEPS}", f"trainer.eval_episodes={EVAL_EPISODES}",
         "trainer.save_every=0", "trainer.seed=0", "collapse.enable=false", "early_stop.rv_collapse=false",
         "early_stop.eval_floor=false", "logging.tensorboard=false", "logging.progress=false",
