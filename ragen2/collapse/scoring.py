@@ -250,10 +250,9 @@ class _Batch:
         self.rows = rows  # [b] the reasonings' indices
         self.tokens = tokens  # [b, T] right-padded reasonings
         self.mask = mask  # [b, T] 1 at their tokens
-        # What is fed is [prompt's last token | reasoning but its last token]: the same tree under
-        # every prompt, its root (node 0) the prompt's last token; built once.
-        fed = torch.cat([tokens.new_zeros(len(tokens), 1), tokens[:, :-1]], dim=1)
-        self.tree = _prefix_tree(fed, mask.sum(dim=1).tolist()) if with_tree else None
+        # What is fed (`fed`) is the same tree under every prompt, its root (node 0) the prompt's
+        # last token, here a placeholder; built once.
+        self.tree = _prefix_tree(self.fed(0), mask.sum(dim=1).tolist()) if with_tree else None
 
     def fed(self, last: int) -> torch.Tensor:
         """[b, T]: `last`, then each reasoning but its last token (right-padded as `tokens`)."""
