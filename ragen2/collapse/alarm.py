@@ -17,6 +17,10 @@ or it degenerated into noise), and the alarm stays quiet. It fires once per run 
 checks; a healthy check re-arms it. `CollapseAlarm.update` is pure bookkeeping over the metric
 dict, so the trainer decides what firing means (`collapse.alarm`: warn, or warn and stop).
 
+The message ends with advice that reads the run (`next_levers`): the next `key=value` overrides
+against template collapse for the run's own filter, regularisers, group size and learning rate,
+never a setting the run already has.
+
 A check whose batch could not support the values the rule reads (absent or NaN: fewer than 2
 pairs, one distinct input, no MI-ZScore-EMA scale yet; see `mi_metrics`) is no evidence either
 way: it neither counts towards the patience nor resets the streak, and it sets no reference
@@ -29,7 +33,12 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ragen2.config import CollapseConfig
+from ragen2.config import CollapseConfig, Config, FilterConfig
+
+RV_METRICS = ("reward_variance", "reward_std")  # the filter metrics that rank groups by their signal
+FILTER_STEP = 0.2  # how far one piece of advice moves a filter's value
+KEEP_FLOOR = 0.5  # top_p, top_p_softmax, top_k: not advised below it, where a step keeps only a few groups
+MIN_P_CEILING = 0.5  # min_p: not advised above it (groups with at least half the best group's variance)
 
 
 @dataclass(frozen=True)
@@ -49,8 +58,10 @@ class AlarmDecision:
 class CollapseAlarm:
     """Consecutive-check bookkeeping for `collapse.alarm*`; `state_dict` goes into checkpoints."""
 
-    def __init__(self, config: CollapseConfig) -> None:
+    def __init__(self, config: CollapseConfig, run: Config | None = None) -> None:
+        """`run`: the whole run's config, which the advice in the message reads; None: the defaults'."""
         self.config = config
+        self.levers = next_levers(run if run is not None else Config())
         self.reference_entropy: float | None = None  # cond_entropy at the first check
         self.max_zscore: float | None = None  # running maximum of MI-ZScore-EMA
         self.streak = 0  # consecutive collapsed checks, up to and including the last one
@@ -125,9 +136,8 @@ class CollapseAlarm:
         return (
             f"template collapse suspected at step {step} ({cfg.alarm_scheme} pairs): "
             f"{' and '.join(why[r] for r in rules)} for {int(d['checks'])} consecutive checks{entropy}. The reasoning "
-            "no longer depends on the input. Train on high reward-variance groups (filter.strategy=top_p with "
-            "filter.value=0.9 or lower, filter.include_zero=false) or weaken the input-agnostic regularisers "
-            "(algo.kl_coef, algo.entropy_coef); docs/diagnostics.md explains the signal."
+            f"no longer depends on the input. Next levers for this run: {'; '.join(self.levers)}. "
+            "docs/diagnostics.md explains the signal."
         )
 
     def state_dict(self) -> dict[str, Any]:
@@ -143,6 +153,63 @@ class CollapseAlarm:
         self.max_zscore = state["max_zscore"]
         self.streak = int(state["streak"])
         self.fired = bool(state["fired"])
+
+
+def next_levers(run: Config) -> list[str]:
+    """The next settings to try against template collapse in `run`, as `key=value` overrides with why.
+
+    The alarm must not advise what the run already does (a run at filter.value=0.9 told to use 0.9
+    learns nothing from the message), so every lever is a step from the run's own values: the filter
+    one step stricter toward high reward-variance groups, the KL and entropy coefficients halved,
+    the group doubled, the learning rate halved. A setting already at its limit (a coefficient or
+    learning rate of 0, a filter at its strictest advised value) is left out.
+    """
+    a = run.algo
+    levers = [
+        _filter_lever(run.filter),
+        (_overrides("algo", a, kl_coef=a.kl_coef / 2, entropy_coef=a.entropy_coef / 2),
+         "weaker input-agnostic regularisers"),
+        (_overrides("rollout", run.rollout, group_size=2 * run.rollout.group_size),
+         "larger groups estimate reward variance better"),
+        (_overrides("optim", run.optim, lr=run.optim.lr / 2), "smaller updates"),
+    ]
+    return [f"{overrides} ({why})" for overrides, why in levers if overrides]
+
+
+def _filter_lever(f: FilterConfig) -> tuple[str, str]:
+    """The filter's overrides toward training on high reward-variance groups only (docs/filtering.md).
+
+    Off: the paper's setting. Ranked by another metric or from the bottom (ablations): rank by reward
+    variance, from the top. Otherwise the strategy's next-stricter value, never a looser one:
+    top_p, top_p_softmax and top_k keep less (lower value), min_p a higher share of the best
+    group's variance (higher value), quartile the next higher-variance quarter (lower value).
+    """
+    if f.strategy == "none":
+        return _overrides("filter", f, strategy="top_p", value=0.9, include_zero=False), "turn the SNR-aware filter on: the paper's top_p 0.9"
+    if f.metric not in RV_METRICS or f.order == "smallest":
+        return (_overrides("filter", f, metric="reward_variance", order="largest", include_zero=False),
+                "rank the groups by reward variance, highest first")
+    lower = min(f.value, max(round(min(f.value, 1) - FILTER_STEP, 2), KEEP_FLOOR))
+    stricter = {
+        "top_p": lower, "top_p_softmax": lower, "top_k": lower,
+        "min_p": max(f.value, min(round(f.value + FILTER_STEP, 2), MIN_P_CEILING)),
+        "quartile": max(f.value - 1, 1),
+    }[f.strategy]
+    return (_overrides("filter", f, value=stricter, include_zero=False),
+            f"a stricter {f.strategy}: train on higher reward-variance groups")
+
+
+def _overrides(section: str, current: Any, **wanted: Any) -> str:
+    """`section.key=value` for each wanted value that differs from the run's, space-separated."""
+    changed = {key: value for key, value in wanted.items() if getattr(current, key) != value}
+    return " ".join(f"{section}.{key}={_yaml(value)}" for key, value in changed.items())
+
+
+def _yaml(value: Any) -> str:
+    """A value as a command-line override spells it (true/false, floats without float noise)."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def _finite(value: Any) -> float | None:

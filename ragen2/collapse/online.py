@@ -39,7 +39,7 @@ from ragen2.agent.types import Trajectory, Turn
 from ragen2.collapse.alarm import AlarmDecision, CollapseAlarm
 from ragen2.collapse.metrics import EmaState, mi_metrics
 from ragen2.collapse.scoring import score_matrices
-from ragen2.config import CollapseConfig
+from ragen2.config import CollapseConfig, Config
 
 SCHEMES = ("first_turn", "trajectory")
 RECALL_KS = (2, 4, 8)  # recall@1 is retrieval_acc, logged once
@@ -66,11 +66,12 @@ class StepResult:
 class OnlineDiagnostics:
     """MI proxies on the training batch at step 1 and every `compute_freq` steps, plus the alarm."""
 
-    def __init__(self, config: CollapseConfig, seed: int) -> None:
+    def __init__(self, config: CollapseConfig, seed: int, run: Config | None = None) -> None:
+        """`run`: the whole run's config, for the advice of the alarm's message (None: the defaults')."""
         self.config = config
         self.seed = seed
         self.ema: dict[str, EmaState | None] = {scheme: None for scheme in SCHEMES}
-        self.alarm = CollapseAlarm(config)
+        self.alarm = CollapseAlarm(config, run)
 
     def should_run(self, step: int) -> bool:
         """Step 1, then every `compute_freq` steps (1, 5, 10, ... with the reference's 5)."""

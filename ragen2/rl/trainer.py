@@ -729,7 +729,7 @@ def _build_run(config: Config, run_dir: Path, checkpoint: Checkpoint | None) -> 
         run_dir, to_dict(config), tensorboard=config.logging.tensorboard,
         wandb=config.logging.wandb, wandb_project=config.logging.wandb_project,
     ) if distributed.is_main() else distributed.SilentTracker()
-    diagnostics = OnlineDiagnostics(config.collapse, config.trainer.seed)
+    diagnostics = OnlineDiagnostics(config.collapse, config.trainer.seed, run=config)
     run = Run(config, run_dir, device, policy, tokenizer, optimizer, tracker, diagnostics, critic, critic_optimizer,
               reference, EarlyStopGuards(config.early_stop), trainee=trainee)
     if checkpoint is not None:

@@ -1,12 +1,13 @@
 """CollapseAlarm on synthetic metric sequences: each rule, patience, the entropy band, re-arming,
-checkpoint state and config validation."""
+checkpoint state and config validation; the advice of its message for a run's config."""
 
 from __future__ import annotations
 
 import pytest
 
 from ragen2.collapse import CollapseAlarm
-from ragen2.config import CollapseConfig, load_config
+from ragen2.collapse.alarm import next_levers
+from ragen2.config import CollapseConfig, Config, load_config
 from ragen2.errors import ConfigError
 
 CHANCE = 0.125  # P = 8 groups
@@ -38,7 +39,7 @@ def test_fires_after_patience_checks_at_chance_with_steady_entropy():
     assert d.data["retrieval_acc"] == pytest.approx(0.155) and d.data["chance_level"] == CHANCE
     assert d.data["cond_entropy_first_check"] == 2.1 and d.data["checks"] == 2
     assert "step 5" in d.message and "Retrieval-Acc 0.155 within 0.05 of chance 0.125" in d.message
-    assert "filter.strategy=top_p" in d.message
+    assert "filter.value=0.7" in d.message  # no run config: advice for the defaults (top_p 0.9)
 
 
 def test_stop_mode_asks_to_stop():
@@ -163,3 +164,76 @@ def test_alarm_keys_from_the_command_line():
     assert (c.collapse.alarm, c.collapse.alarm_rule, c.collapse.alarm_entropy_band) == ("stop", "both", None)
     with pytest.raises(ConfigError, match="allowed values: 'retrieval_near_chance', 'zscore_drop', 'both'"):
         load_config(None, ["collapse.alarm_rule=zscore"])
+
+
+def overrides(levers: list[str], section: str = "") -> list[str]:
+    """The `key=value` words of the levers, those under `section.` when given."""
+    return [word for lever in levers for word in lever.split() if "=" in word and word.startswith(section)]
+
+
+def bandit(*extra: str) -> Config:
+    return load_config("bandit", list(extra))
+
+
+def test_advice_for_the_paper_filter_names_the_next_lever_not_the_current_one():
+    """The Bandit preset runs the paper's filter (top_p 0.9, include_zero=false): the message
+    must not advise it again, but a lower top_p and the other levers at this run's values."""
+    run = bandit()
+    message = CollapseAlarm(CollapseConfig(alarm_patience=1), run).update(1, check(CHANCE)).message
+    assert "filter.value=0.9" not in message and "include_zero=false" not in message
+    assert "filter.strategy" not in message and "filter.value=0.7" in message
+    assert overrides(next_levers(run)) == [
+        "filter.value=0.7", "algo.entropy_coef=0.0005", "rollout.group_size=16", "optim.lr=5e-05",
+    ]
+
+
+def test_filter_off_is_told_to_turn_it_on():
+    assert overrides(next_levers(load_config("bandit-grpo-nofilter")), "filter.") == [
+        "filter.strategy=top_p", "filter.include_zero=false",  # filter.value is 0.9 already
+    ]
+    assert overrides(next_levers(bandit("filter.strategy=none", "filter.value=0.5")), "filter.") == [
+        "filter.strategy=top_p", "filter.value=0.9",
+    ]
+
+
+def test_regularisers_halved_and_left_out_at_zero():
+    assert overrides(next_levers(bandit("algo.kl_coef=0.002", "algo.entropy_coef=0.01")), "algo.") == [
+        "algo.kl_coef=0.001", "algo.entropy_coef=0.005",
+    ]
+    assert not any("kl_coef" in lever for lever in next_levers(bandit("algo.kl_coef=0")))
+    assert overrides(next_levers(bandit("algo.kl_coef=0", "algo.entropy_coef=0")), "algo.") == []
+
+
+def test_group_doubled_and_learning_rate_halved():
+    levers = next_levers(bandit("rollout.group_size=5", "optim.lr=3e-6"))
+    assert "rollout.group_size=10" in overrides(levers) and "optim.lr=1.5e-06" in overrides(levers)
+    assert overrides(next_levers(bandit("optim.lr=0")), "optim.") == []  # frozen weights: nothing to halve
+
+
+@pytest.mark.parametrize(
+    "settings, advised",
+    [
+        (["filter.value=0.7"], ["filter.value=0.5"]),
+        (["filter.value=0.6"], ["filter.value=0.5"]),  # floored at 0.5
+        (["filter.value=0.5"], []),
+        (["filter.value=0.3"], []),  # stricter than the floor already: never loosened
+        (["filter.value=1.0"], ["filter.value=0.8"]),
+        (["filter.value=0.5", "filter.include_zero=true"], ["filter.include_zero=false"]),
+        (["filter.strategy=top_p_softmax", "filter.value=0.8"], ["filter.value=0.6"]),
+        (["filter.strategy=top_k", "filter.value=0.5", "filter.include_zero=true"], ["filter.include_zero=false"]),
+        (["filter.strategy=min_p", "filter.value=0.2"], ["filter.value=0.4"]),
+        (["filter.strategy=min_p", "filter.value=0.4"], ["filter.value=0.5"]),  # capped at 0.5
+        (["filter.strategy=min_p", "filter.value=0.8"], []),
+        (["filter.strategy=quartile", "filter.value=3"], ["filter.value=2"]),
+        (["filter.strategy=quartile", "filter.value=1"], []),
+        (["filter.order=smallest"], ["filter.order=largest"]),
+        (["filter.strategy=top_k", "filter.metric=mean_reward"], ["filter.metric=reward_variance"]),
+    ],
+)
+def test_filter_lever_is_the_next_stricter_setting(settings, advised):
+    run = bandit(*settings)
+    assert overrides(next_levers(run), "filter.") == advised
+    for item in overrides(next_levers(run)):  # every override loads and changes the run
+        key, _, _ = item.partition("=")
+        section, name = key.split(".")
+        assert getattr(getattr(bandit(*settings, item), section), name) != getattr(getattr(run, section), name)
