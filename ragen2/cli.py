@@ -265,7 +265,9 @@ def build_parser() -> argparse.ArgumentParser:
         "eval",
         help="Evaluate a policy on held-out seeds.",
         description="Success rate, mean return, mean turns and valid-format rate on held-out seeds; "
-        "prints a table (with a uniform-random agent for comparison) and a few sample episodes, and writes "
+        "prints a table (with a uniform-random agent for comparison), whether the policy beats that agent by more "
+        "than 3 standard errors (and, for a run or its checkpoint, the run's first evaluation), a few sample "
+        "episodes, and writes "
         "eval.json, transcripts.txt (the sample episodes' conversations) and rollouts.jsonl (the same episodes "
         "as rollout records, for `ragen2 diagnose`) into a results directory: eval/<model name>-<env>-<time>/ "
         "in the current directory (a run's checkpoint is named <run>-step_N), or --out DIR.",

@@ -29,6 +29,7 @@ import json
 import math
 import os
 import re
+import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,7 @@ from matplotlib.ticker import MaxNLocator
 from matplotlib.transforms import ScaledTranslation
 
 from ragen2.tracking import read_events, read_metrics
+from ragen2.verdict import verdict
 
 FIGURE_DIR = "figures"
 REPORT_FILE = "report.html"
@@ -51,6 +53,8 @@ ROLLOUT_DIR = "rollouts"
 # model's prompts can run to thousands of tokens; the file in rollouts/ keeps them whole).
 SAMPLE_TEXT_CHARS = 3000
 
+# Columns of the summary table, as in the CLI's end-of-run table (ragen2.rl.summary).
+SUMMARY_COLUMNS = ("first", "last", "max")
 # Rows of the summary table, in this order, when the run logged them.
 SUMMARY_KEYS = (
     "eval/success_rate",
@@ -117,10 +121,10 @@ class Metrics:
             values.append(np.asarray([at[s] for s in steps], dtype=float))
         return np.asarray(steps, dtype=int), values
 
-    def last(self, key: str) -> tuple[int, float] | None:
-        """(step, value) of the latest point of `key`, or None when never logged."""
+    def point(self, key: str, index: int) -> tuple[int, float] | None:
+        """(step, value) of the `index`-th point of `key` (0 the first, -1 the latest), or None when never logged."""
         steps, values = self.series(key)
-        return (int(steps[-1]), float(values[-1])) if len(steps) else None
+        return (int(steps[index]), float(values[index])) if len(steps) else None
 
     def peak(self, key: str) -> tuple[int, float] | None:
         """(step, value) of the largest value of `key` (the first, on ties), or None."""
@@ -183,6 +187,22 @@ def eval_success_stderr(run: RunData) -> np.ndarray | None:
         return None
     n = np.asarray([logged.get(s, default) for s in steps.tolist()], dtype=float)
     return np.sqrt(p * (1 - p) / n)
+
+
+def success_verdicts(runs: list[RunData]) -> list[str]:
+    """"held-out success, step A → B: 0.250 → 0.700: learned: ..." from each run's first evaluation to its
+    last (`ragen2.verdict`, with `eval_success_stderr`), led by the run's label when there are several;
+    runs with fewer than two evaluations have none."""
+    lines = []
+    for run in runs:
+        steps, p = run.metrics.series("eval/success_rate")
+        if len(steps) < 2:
+            continue
+        stderr = eval_success_stderr(run)
+        se = [None if stderr is None or math.isnan(stderr[i]) else float(stderr[i]) for i in (0, -1)]
+        line = f"held-out success, step {steps[0]} → {steps[-1]}: {verdict(p[0], se[0], p[-1], se[1])}"
+        lines.append(line if len(runs) == 1 else f"{run.label}: {line}")
+    return lines
 
 
 def generation_throughput(run: RunData) -> tuple[np.ndarray, np.ndarray]:
@@ -451,8 +471,10 @@ def _draw_reward(fig: Figure, runs: list[RunData], smooth: int) -> None:
 
 
 def _draw_success(fig: Figure, runs: list[RunData], smooth: int) -> None:
+    """The report's first figure: the title says whether held-out success rose beyond noise, run by run."""
     (ax,) = _panels(fig, 1)
-    ax.set_title("Success rate")
+    lines = [textwrap.fill(v, 110) for v in success_verdicts(runs)]  # 110 9-point characters fit 8 inches
+    ax.set_title("\n".join(["Success rate", *lines]), fontsize=9 if lines else None)
     _lines(ax, runs, smooth, [("rollout/success_rate", "rollout (training episodes)")], key_series=True)
     _eval_points(ax, runs, "eval/success_rate", "eval (held-out seeds)", stderr=True)
     _rate_axis(ax, "success rate")
@@ -585,9 +607,9 @@ def _draw_grad_snr(fig: Figure, runs: list[RunData], smooth: int) -> None:
         ax.legend(fontsize=8)
 
 
-FIGURES = (
-    FigureSpec("reward", "Episode return", ("rollout/return_mean", "eval/return_mean"), _draw_reward),
+FIGURES = (  # success first: whether the run learned is the report's first question
     FigureSpec("success", "Success rate", ("rollout/success_rate", "eval/success_rate"), _draw_success),
+    FigureSpec("reward", "Episode return", ("rollout/return_mean", "eval/return_mean"), _draw_reward),
     FigureSpec(
         "collapse",
         "Collapse diagnostics",
@@ -708,29 +730,30 @@ def _html(runs: list[RunData], drawn: list[FigureSpec], missing: list[FigureSpec
 
 
 def _summary_html(runs: list[RunData]) -> list[str]:
-    """The summary table: last and max of each `SUMMARY_KEYS` metric, with their steps; for
-    several runs one row per metric and a column pair per run, so the runs read side by side."""
+    """The summary: each run's held-out success verdict, then first, last and max of each `SUMMARY_KEYS`
+    metric with their steps (the columns of the CLI's end-of-run table); for several runs one row per
+    metric and a column triple per run, so the runs read side by side."""
     esc = html.escape
-    rows = {run.label: {r[0]: r for key in SUMMARY_KEYS if (r := _summary_row(run.metrics, key))} for run in runs}
+    rows = {run.label: {key: row for key in SUMMARY_KEYS if (row := _summary_row(run.metrics, key))} for run in runs}
     keys = [key for key in SUMMARY_KEYS if any(key in rows[run.label] for run in runs)]
     if not keys:
         return []
+    parts = ["<h2>Summary</h2>", *(f"<p>{esc(line)}</p>" for line in success_verdicts(runs))]
     if len(runs) == 1:
-        parts = ["<h2>Summary</h2>",
-                 "<table><tr><th>metric</th><th>last</th><th>at step</th><th>max</th><th>at step</th></tr>"]
+        parts.append("<table><tr><th>metric</th>" + "".join(f"<th>{c}</th><th>at step</th>" for c in SUMMARY_COLUMNS)
+                     + "</tr>")
         for key in keys:
-            _, last, last_step, peak, peak_step = rows[runs[0].label][key]
-            parts.append(f"<tr><td>{esc(key)}</td><td class=n>{esc(last)}</td><td class=n>{last_step}</td>"
-                         f"<td class=n>{esc(peak)}</td><td class=n>{peak_step}</td></tr>")
+            cells = [f"<td class=n>{esc(text)}</td><td class=n>{step}</td>" for text, step in rows[runs[0].label][key]]
+            parts.append(f"<tr><td>{esc(key)}</td>{''.join(cells)}</tr>")
         return parts + ["</table>"]
-    head = "".join(f"<th colspan=2>{esc(run.label)}</th>" for run in runs)
-    parts = ["<h2>Summary</h2>", f"<table><tr><th rowspan=2>metric</th>{head}</tr>",
-             "<tr>" + "<th>last (step)</th><th>max (step)</th>" * len(runs) + "</tr>"]
+    head = "".join(f"<th colspan=3>{esc(run.label)}</th>" for run in runs)
+    parts += [f"<table><tr><th rowspan=2>metric</th>{head}</tr>",
+              "<tr>" + "".join(f"<th>{c} (step)</th>" for c in SUMMARY_COLUMNS) * len(runs) + "</tr>"]
     for key in keys:
         cells = []
         for run in runs:
-            row = rows[run.label].get(key)
-            cells += ([f"{row[1]} ({row[2]})", f"{row[3]} ({row[4]})" if row[4] else row[3]] if row else ["", ""])
+            row = rows[run.label].get(key, [("", "")] * 3)
+            cells += [f"{text} ({step})" if step else text for text, step in row]
         parts.append(f"<tr><td>{esc(key)}</td>" + "".join(f"<td class=n>{esc(c)}</td>" for c in cells) + "</tr>")
     return parts + ["</table>"]
 
@@ -825,24 +848,25 @@ def _cut(text: str) -> str:
     return text if extra <= 0 else text[:SAMPLE_TEXT_CHARS] + f"\n… [{extra} more characters]"
 
 
-def _summary_row(metrics: Metrics, key: str) -> tuple[str, str, str, str, str] | None:
-    """(key, last, at step, max, at step) as text, or None when the run never logged `key`.
+def _summary_row(metrics: Metrics, key: str) -> list[tuple[str, str]] | None:
+    """[(text, step)] of the first, the last and the max of `key`, or None when the run never logged it.
 
-    A collapse proxy whose latest check could not support it (logged `num_pairs` but not the
-    proxy: too few pairs or distinct inputs, see `mi_metrics`) shows "n/a (M pairs)" at that
-    check rather than an older value; the max column keeps the best check that had one.
+    A collapse proxy that its first or latest check could not support (logged `num_pairs` but not
+    the proxy: too few pairs or distinct inputs, see `mi_metrics`) shows "n/a (M pairs)" at that
+    check rather than another check's value; the max column keeps the best check that had one.
     """
-    last, peak = metrics.last(key), metrics.peak(key)
-    check = metrics.last(key.split("/")[0] + "/num_pairs") if key.startswith("collapse_") else None
-    if check is not None and (last is None or last[0] < check[0]):
-        pairs = f"{check[1]:.0f} pair{'' if check[1] == 1 else 's'}"
-        last_text, last_step = f"n/a ({pairs})", str(check[0])
-    elif last is not None:
-        last_text, last_step = f"{last[1]:.4g}", str(last[0])
-    else:
+    checks = key.split("/")[0] + "/num_pairs" if key.startswith("collapse_") else None
+
+    def end(index: int) -> tuple[str, str] | None:
+        point, check = metrics.point(key, index), metrics.point(checks, index) if checks else None
+        if check is not None and (point is None or point[0] != check[0]):
+            return f"n/a ({check[1]:.0f} pair{'' if check[1] == 1 else 's'})", str(check[0])
+        return (f"{point[1]:.4g}", str(point[0])) if point is not None else None
+
+    first, last, peak = end(0), end(-1), metrics.peak(key)
+    if first is None or last is None:
         return None
-    peak_text, peak_step = (f"{peak[1]:.4g}", str(peak[0])) if peak is not None else ("n/a", "")
-    return key, last_text, last_step, peak_text, peak_step
+    return [first, last, (f"{peak[1]:.4g}", str(peak[0])) if peak is not None else ("n/a", "")]
 
 
 def _is_number(value: Any) -> bool:

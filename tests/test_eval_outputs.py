@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
 
 from ragen2.cli import main
+from ragen2.config import load_config, save_config
 from ragen2.evaluate import new_results_dir
+from ragen2.verdict import LEARNED, VS_RANDOM, binomial_se, verdict
 
 STAMP = r"\d{8}-\d{6}"
 DIAGNOSE_CORPUS = [
@@ -67,6 +70,43 @@ def test_eval_writes_a_results_directory_with_the_sample_episodes(policy_dir, tm
     assert out.count("turn 1 output: ") == 2 and out.count("first state:") == 2
     assert out.count("turn 1 actions none; format invalid; reward -0.100") == 2
     assert f"in {Path('eval') / results.name}\n" in out
+
+
+def success(results: dict) -> tuple[float, float]:
+    """(success rate, binomial SE) of one agent's row in eval.json, computed here from its rate and count."""
+    return results["eval/success_rate"], binomial_se(results["eval/success_rate"], results["eval/episodes"])
+
+
+def test_eval_says_whether_the_policy_beats_random_and_the_run_start(policy_dir, tmp_path, monkeypatch, capsys):
+    """A plain model gets the verdict against the random agent; a run directory (its latest checkpoint) also
+    the one against the run's first evaluation (0.5 over 8 episodes), when it plays the run's settings."""
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "runs" / "bandit-1"
+    shutil.copytree(policy_dir, run / "checkpoints" / "step_2")
+    (run / "checkpoints" / "latest").write_text("step_2\n")
+    save_config(load_config("bandit", ["rollout.max_tokens_per_turn=8"]), run / "config.yaml")
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 0, "eval/success_rate": 0.5, "eval/episodes": 8}) + "\n"
+                                      + json.dumps({"step": 1, "rollout/success_rate": 0.25}) + "\n")
+
+    assert main(eval_args(policy_dir, "--out", "plain", "--samples", "0")) == 0
+    out = capsys.readouterr().out
+    rows = json.loads((tmp_path / "plain" / "eval.json").read_text())["results"]
+    against_random = "uniform-random → policy: " + verdict(*success(rows["uniform-random"]), *success(rows["policy"]),
+                                                           words=VS_RANDOM)
+    assert json.loads((tmp_path / "plain" / "eval.json").read_text())["verdicts"] == [against_random]
+    assert f"\n{against_random}\n" in out and "run start" not in out
+
+    assert main(eval_args(run, "--out", "run", "--samples", "0")) == 0
+    out = capsys.readouterr().out
+    result = json.loads((tmp_path / "run" / "eval.json").read_text())
+    start = "run start (step 0) → this eval: " + verdict(0.5, (0.25 / 8) ** 0.5, *success(result["results"]["policy"]),
+                                                         words=LEARNED)
+    assert result["verdicts"] == [against_random, start]  # the same weights and episodes as the plain model
+    assert f"\n{against_random}\n{start}\n" in out
+
+    assert main(eval_args(run, "--out", "hot", "--samples", "0", "--no-random", "--temperature", "1.0")) == 0
+    assert ("\nrun start → this eval: not compared, this eval plays other settings: temperature 1.0 (run: 0.5)\n"
+            in capsys.readouterr().out)
 
 
 def test_eval_out_names_the_directory(policy_dir, tmp_path, monkeypatch, capsys):

@@ -131,7 +131,9 @@ def test_report_draws_every_figure_and_references_them(tmp_path: Path) -> None:
         height, width, _ = imread(tmp_path / "figures" / f"{name}.png").shape
         assert width >= 600 and height >= 300
     assert "Not drawn" not in html
-    assert "<td>eval/success_rate</td><td class=n>0.7</td><td class=n>40</td>" in html
+    assert re.search(r'<figure><img src="figures/(\w+)\.png"', html).group(1) == "success"  # the first figure
+    assert ("<td>eval/success_rate</td><td class=n>0.175</td><td class=n>10</td><td class=n>0.7</td>"
+            "<td class=n>40</td>") in html
     assert "MI-ZScore-EMA fell below 1" in html and "early_stop" in html
     assert "name: grpo" in html
 
@@ -185,9 +187,9 @@ def test_checks_without_proxies_are_skipped_and_summarised_as_na(tmp_path: Path)
         tracker.log(10, {f"{p}/num_pairs": 1, f"{p}/retrieval_acc": math.nan, f"{p}/mi_zscore_ema": math.nan,
                          f"{p}/chance_level": 0.5})
     html = write_report(tmp_path).read_text()
-    assert (f"<td>{p}/retrieval_acc</td><td class=n>n/a (1 pair)</td><td class=n>10</td>"
-            "<td class=n>0.75</td><td class=n>5</td>") in html
-    assert f"<td>{p}/mi_zscore_ema</td><td class=n>n/a (1 pair)</td><td class=n>10</td>" in html
+    assert (f"<td>{p}/retrieval_acc</td><td class=n>n/a (1 pair)</td><td class=n>1</td>"
+            "<td class=n>n/a (1 pair)</td><td class=n>10</td><td class=n>0.75</td><td class=n>5</td>") in html
+    assert f"<td>{p}/mi_zscore_ema</td><td class=n>n/a (1 pair)</td><td class=n>1</td>" in html
     lines = {line.get_label(): line for line in _draw("collapse", [tmp_path]).axes[0].get_lines()}
     assert list(lines["first turn"].get_xdata()) == [5] and list(lines["first turn"].get_ydata()) == [0.75]
 
@@ -235,6 +237,33 @@ def test_eval_error_bars_are_binomial_standard_errors(tmp_path: Path) -> None:
     assert np.isnan(eval_success_stderr(run)[1])  # no n at step 5: no bar there, not a bar of 0
 
 
+def test_first_figure_and_summary_say_whether_held_out_success_rose(tmp_path: Path) -> None:
+    """0.25 -> 0.75 over 16 episodes: SE 0.108 each, d = 0.5 ± 0.153, 3.3 SE; step 5's episode count comes
+    from config.yaml. The summary table has the CLI table's first column."""
+    (tmp_path / "config.yaml").write_text("trainer:\n  eval_episodes: 16\n")
+    with Tracker(tmp_path, {}, tensorboard=False) as tracker:
+        tracker.log(0, {"eval/success_rate": 0.25, "eval/episodes": 16})
+        tracker.log(5, {"eval/success_rate": 0.5, "rollout/success_rate": 0.4})
+        tracker.log(10, {"eval/success_rate": 0.75})
+    line = "held-out success, step 0 → 10: 0.250 → 0.750: learned: +0.500 ± 0.153 (3.3 SE)"
+    assert FIGURES[0].name == "success"
+    (ax,) = _draw("success", [tmp_path]).axes
+    assert ax.get_title() == f"Success rate\n{line}"
+    html = write_report(tmp_path).read_text()
+    assert f"<h2>Summary</h2>\n<p>{line}</p>" in html
+    assert "<th>metric</th><th>first</th><th>at step</th><th>last</th><th>at step</th><th>max</th>" in html
+    assert ("<td>eval/success_rate</td><td class=n>0.25</td><td class=n>0</td><td class=n>0.75</td>"
+            "<td class=n>10</td><td class=n>0.75</td><td class=n>10</td>") in html
+
+    with Tracker(tmp_path / "once", {}, tensorboard=False) as tracker:
+        tracker.log(0, {"eval/success_rate": 0.25, "eval/episodes": 16})
+    (ax,) = _draw("success", [tmp_path / "once"]).axes
+    assert ax.get_title() == "Success rate"  # one evaluation: nothing to compare
+    (ax,) = _draw("success", [tmp_path, tmp_path / "once"]).axes
+    heading, verdicts = ax.get_title().split("\n", 1)
+    assert heading == "Success rate" and verdicts.replace("\n", " ") == f"{tmp_path.name}: {line}"  # may wrap
+
+
 def test_eval_error_bars_match_what_the_trainer_logged() -> None:
     """On committed runs of the trainer, the report's SE equals the logged eval/success_stderr."""
     (run,) = load_runs([FILTER_RUNS / "algo.name=grpo__filter=none__seed=0"])
@@ -266,7 +295,8 @@ def test_overlay_of_two_committed_runs(tmp_path: Path) -> None:
     assert config_differences(load_runs(runs)) == {"filter.include_zero": [True, False],
                                                    "filter.strategy": ["none", "top_p"]}
     assert "<h3>Config keys that differ</h3>" in html and "<code>&quot;top_p&quot;</code>" in html
-    assert html.count("<th colspan=2>") == 2  # one summary table, a column pair per run
+    assert html.count("<th colspan=3>") == 2  # one summary table, a column triple per run
+    assert html.count("<th>first (step)</th><th>last (step)</th><th>max (step)</th>") == 2
     assert "Sample trajectories" not in html  # the committed runs keep no rollouts
 
 

@@ -43,7 +43,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,7 +60,7 @@ from ragen2.agent.rollout import stable_seed
 from ragen2.agent.vllm_backend import VLLMBackend
 from ragen2.collapse.alarm import AlarmDecision
 from ragen2.collapse.grad_snr import grad_snr_probe, group_reward_variance
-from ragen2.collapse.online import SCHEMES, OnlineDiagnostics, summary_rows
+from ragen2.collapse.online import OnlineDiagnostics
 from ragen2.config import Config, config_from_file, save_config, to_dict, validate
 from ragen2.envs import EVAL_SEED_OFFSET
 from ragen2.errors import CheckpointError, ConfigError, DivergedError
@@ -84,7 +84,8 @@ from ragen2.rl.guards import EarlyStopGuards
 from ragen2.rl.losses import (
     aggregate, entropy_from_logits, kl_penalty, policy_loss, token_logprobs, token_logprobs_and_entropy, value_loss,
 )
-from ragen2.tracking import Progress, Tracker, read_metrics
+from ragen2.rl.summary import summary_table
+from ragen2.tracking import Progress, Tracker
 
 log = logging.getLogger(__name__)
 
@@ -891,98 +892,6 @@ def lr_factor(step: int, warmup_steps: int, schedule: str, total_steps: int) -> 
     if schedule == "cosine":
         return 0.5 * (1.0 + math.cos(math.pi * progress))
     return 1.0
-
-
-def summary_table(run: Run) -> str:
-    """The end-of-run table the CLI prints, read back from metrics.jsonl (so resumed runs are whole).
-
-    A fixed-width block gives first, last and peak of the main metrics with standard errors (docs/metrics.md,
-    "The end-of-run summary table"); name / value rows follow, the filter's mean kept ratio among them.
-    """
-    records = read_metrics(run.run_dir)
-
-    def series(key: str) -> list[tuple[int, float]]:
-        return [(r["step"], r[key]) for r in records if r.get(key) is not None]
-
-    kept, step_times, memory = series("filter/kept_ratio"), series("timing_s/step"), series("system/peak_memory_mb")
-    trends = _trend_rows(records, run.config.rollout.num_groups * run.config.rollout.group_size)
-    rows = []
-    if kept:
-        ratios = [v for _, v in kept]
-        rows.append(("filter kept ratio", f"mean {np.mean(ratios):.3f} over {len(ratios)} steps "
-                                          f"(min {min(ratios):.3f}, max {max(ratios):.3f})"))
-    if step_times:
-        rows.append(("mean step time", f"{np.mean([v for _, v in step_times]):.1f} s"))
-    if memory:
-        rows.append(("peak memory", f"{max(v for _, v in memory):.0f} MB"))
-    rows += summary_rows(records)  # the last MI check per scheme, "n/a" with its pair count
-    rows.append(("run dir", str(run.run_dir)))
-    if run.stop_reason:
-        rows.append(("stopped early", run.stop_reason))
-    steps = ("steps", f"{run.step} / {run.config.trainer.total_steps}")
-    width = max(len(name) for name, _ in [steps, *rows, *trends])
-    lines = [f"{steps[0].ljust(width)}  {steps[1]}"]
-    if trends:
-        block = [("", ["first (step)", "last (step)", "peak (step)"]), *trends]
-        cell = max(len(c) for _, cells in block for c in cells)
-        lines += ["  ".join([name.ljust(width), *(c.ljust(cell) for c in cells)]).rstrip() for name, cells in block]
-    return "\n".join(lines + [f"{name.ljust(width)}  {value}" for name, value in rows])
-
-
-def _binomial_se(p: float, n: float | None) -> float | None:
-    """sqrt(p (1 - p) / n), the standard error of a rate over n independent trials; None without n."""
-    return math.sqrt(p * (1 - p) / n) if n else None
-
-
-def _trend_specs() -> list[tuple[str, str, str, Callable[[dict, float, int], float | None] | None]]:
-    """(label, key, key marking a measurement, standard error) of each row of the summary's trend block.
-
-    The standard error, `se(record, value, n_train)` with n_train = P x G episodes, uses only what the step
-    logged; None where that is not enough (no spread is logged for entropy, MI-ZScore-EMA or the format rate).
-    Training SEs treat the batch's episodes as independent, although a group's G episodes share a seed.
-    """
-    specs = [
-        ("eval success", "eval/success_rate", "eval/success_rate",
-         lambda r, v, n: _binomial_se(v, r.get("eval/episodes"))),
-        ("train success", "rollout/success_rate", "rollout/success_rate", lambda r, v, n: _binomial_se(v, n)),
-        ("train return", "rollout/return_mean", "rollout/return_mean",
-         lambda r, v, n: r["rollout/return_std"] / math.sqrt(n) if r.get("rollout/return_std") is not None else None),
-        ("train valid format", "rollout/valid_format_rate", "rollout/valid_format_rate", None),
-        ("train entropy", "train/entropy", "train/entropy", None),
-    ]
-    for scheme in SCHEMES:  # a check logs num_pairs even where a proxy is undefined: that check shows n/a
-        prefix, name = f"collapse_{scheme}/", scheme.replace("_", " ")
-        specs += [
-            (f"Retrieval-Acc ({name})", prefix + "retrieval_acc", prefix + "num_pairs",
-             lambda r, v, n, pairs=prefix + "num_pairs": _binomial_se(v, r.get(pairs))),
-            (f"MI-ZScore-EMA ({name})", prefix + "mi_zscore_ema", prefix + "num_pairs", None),
-        ]
-    return specs
-
-
-def _trend_rows(records: list[dict], n_train: int) -> list[tuple[str, list[str]]]:
-    """(label, [first, last, peak]) for each main metric the run logged: "value ± SE (step)", peak the highest.
-
-    A measured value that is missing or not finite (null in metrics.jsonl) shows as "n/a (step)", and a
-    standard error that cannot be computed as "± n/a", rather than a made-up number.
-    """
-    rows = []
-    for label, key, marker, se in _trend_specs():
-        measured = [r for r in records if marker in r]
-        if not measured:
-            continue
-
-        def cell(r: dict) -> str:
-            v = r.get(key)
-            if v is None or not math.isfinite(v):
-                return f"n/a ({r['step']})"
-            err = se(r, v, n_train) if se else None
-            return f"{v:.3f} ± {'n/a' if err is None else format(err, '.3f')} ({r['step']})"
-
-        finite = [r for r in measured if r.get(key) is not None and math.isfinite(r[key])]
-        peak = cell(max(finite, key=lambda r: r[key])) if finite else "n/a"
-        rows.append((label, [cell(measured[0]), cell(measured[-1]), peak]))
-    return rows
 
 
 def _logprobs(model: torch.nn.Module, mb: Batch) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""The end-of-run summary table: first / last / peak with standard errors, MI proxies, the filter's kept ratio."""
+"""The end-of-run summary table: first / last / peak with standard errors, first → last verdicts, MI proxies, the
+filter's kept ratio."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from ragen2.config import load_config
 from ragen2.rl import trainer
 from ragen2.tracking import read_metrics
+from ragen2.verdict import verdict
 
 
 @pytest.fixture(autouse=True)
@@ -69,6 +71,9 @@ def test_first_last_peak_of_a_real_run_match_metrics_jsonl(policy_dir, tmp_path)
     first_turn = cells(table, "Retrieval-Acc (first turn)")
     assert [c.rsplit(" ", 1)[1] for c in first_turn[:2]] == ["(1)", "(4)"]
     assert cells(table, "MI-ZScore-EMA (trajectory)")[1].endswith("(4)")
+    se = [math.sqrt(r["eval/success_rate"] * (1 - r["eval/success_rate"]) / 3) for r in (evals[0], evals[-1])]
+    assert cells(table, "Δ eval success") == [
+        verdict(evals[0]["eval/success_rate"], se[0], evals[-1]["eval/success_rate"], se[1])]
     kept = [r["filter/kept_ratio"] for r in records if "filter/kept_ratio" in r]
     assert len(kept) == 4
     assert ("filter kept ratio  " in table
@@ -112,7 +117,37 @@ def test_standard_errors_and_missing_values_on_a_hand_written_log(tmp_path):
     assert cells(table, "Retrieval-Acc (first turn)") == ["0.625 ± 0.171 (1)", "n/a (3)", "0.625 ± 0.171 (1)"]
     assert cells(table, "MI-ZScore-EMA (first turn)") == ["0.400 ± n/a (1)", "n/a (3)", "0.400 ± n/a (1)"]
     assert "Retrieval-Acc (trajectory)" not in table and "train valid format" not in table  # never logged
-    assert "filter kept ratio           mean 0.500 over 3 steps (min 0.000, max 1.000)" in table
-    assert ("MI proxies (first turn)     Retrieval-Acc n/a (chance 1.000), MI-ZScore-EMA n/a; 1 pair (step 3)"
+    # First → last: the last evaluation logged no episode count, the last MI check supported no proxy.
+    assert cells(table, "Δ eval success") == ["0.250 → 0.500: changed by +0.250 ± n/a (no standard error, no verdict)"]
+    assert cells(table, "Δ Retrieval-Acc (first turn)") == ["0.625 → n/a: no verdict without both values"]
+    assert cells(table, "Δ MI-ZScore-EMA (first turn)") == ["0.400 → n/a: no verdict without both values"]
+    assert "filter kept ratio             mean 0.500 over 3 steps (min 0.000, max 1.000)" in table
+    assert ("MI proxies (first turn)       Retrieval-Acc n/a (chance 1.000), MI-ZScore-EMA n/a; 1 pair (step 3)"
             in table)
-    assert table.splitlines()[0] == "steps                       3 / 3"
+    assert table.splitlines()[0] == "steps                         3 / 3"
+
+
+def test_verdicts_first_to_last_on_a_hand_written_log(tmp_path):
+    """Held-out success 0.25 -> 0.46 over 100 episodes: SE 0.0433 and 0.0498, d = 0.21 ± √(0.001875 + 0.002484)
+    = 0.066, 3.2 SE. Retrieval-Acc 0.875 -> 0.25 over 16 and 8 pairs: SE 0.0827 and 0.153, d = -0.625 ± 0.174,
+    -3.6 SE. MI-ZScore-EMA has no standard error: its change is shown without a verdict. A metric measured
+    once gets no verdict row."""
+    ft, tj = "collapse_first_turn/", "collapse_trajectory/"
+    write_metrics(tmp_path / "run", [
+        {"step": 0, "eval/success_rate": 0.25, "eval/episodes": 100.0},
+        {"step": 1, "rollout/success_rate": 0.5, ft + "num_pairs": 16.0, ft + "retrieval_acc": 0.875,
+         ft + "mi_zscore_ema": 2.5, tj + "num_pairs": 8.0, tj + "retrieval_acc": 0.5},
+        {"step": 2, "rollout/success_rate": 0.75, "eval/success_rate": 0.9, "eval/episodes": 100.0},
+        {"step": 4, "rollout/success_rate": 0.75, "eval/success_rate": 0.46, "eval/episodes": 100.0,
+         ft + "num_pairs": 8.0, ft + "retrieval_acc": 0.25, ft + "mi_zscore_ema": 0.5},
+    ])
+    config = load_config("bandit", ["trainer.total_steps=4"])
+    table = trainer.summary_table(SimpleNamespace(run_dir=tmp_path / "run", step=4, config=config, stop_reason=None))
+    assert cells(table, "Δ eval success") == ["0.250 → 0.460: learned: +0.210 ± 0.066 (3.2 SE)"]
+    assert cells(table, "Δ Retrieval-Acc (first turn)") == ["0.875 → 0.250: fell: -0.625 ± 0.174 (-3.6 SE)"]
+    assert cells(table, "Δ MI-ZScore-EMA (first turn)") == [
+        "2.500 → 0.500: changed by -2.000 ± n/a (no standard error, no verdict)"]
+    assert "Δ Retrieval-Acc (trajectory)" not in table and "Δ train success" not in table
+    # The verdict rows follow the trend block, before the other name / value rows.
+    labels = [line.split("  ")[0] for line in table.splitlines()]
+    assert labels.index("MI-ZScore-EMA (first turn)") < labels.index("Δ eval success") < labels.index("run dir")
