@@ -117,13 +117,9 @@ def _response(reasoning: str, actions: list[str]) -> str:
     return f"{reasoning}{THINK_CLOSE}{ANSWER_OPEN}{f' {ACTION_SEPARATOR} '.join(actions)}{ANSWER_CLOSE}"
 
 
-class NoSolution(ValueError):
-    """The oracle's environment has no solution from its current state (a noisy move can cause that)."""
-
-
 def _require(path: list[str] | None, env: TextEnv) -> list[str]:
     if not path:
-        raise NoSolution(f"{type(env).__name__} has no solution from its current state; demonstrations need a solvable state")
+        raise ValueError(f"{type(env).__name__} has no solution from its current state; demonstrations need a solvable state")
     return path
 
 
@@ -397,27 +393,19 @@ class DemoEpisode:
 
 def play_demo(
     env_name: str, env_kwargs: dict, seed: int, max_turns: int, max_actions_per_turn: int, rng: np.random.Generator,
-    oracles: dict[type[TextEnv], Oracle] = ORACLES, action_noise: float = 0.0,
+    oracles: dict[type[TextEnv], Oracle] = ORACLES,
 ) -> DemoEpisode:
     """Play one episode with the oracle, following the rollout loop's rules.
 
     As in `ragen2.agent.rollout`: the budget shown starts at `env.max_actions` and falls by
-    one per executed action; the episode ends on termination, truncation or after `max_turns`,
-    and also when a noisy move (`action_noise`, see `with_action_noise`) left no solution.
+    one per executed action; the episode ends on termination, truncation or after `max_turns`.
     """
     env = envs.make(env_name, **env_kwargs)
     observation, _ = env.reset(seed=seed)
     episode = DemoEpisode(env_name=env_name, seed=seed, system_prompt=env.instruction)
     actions_left = env.max_actions
     for _ in range(max_turns):
-        try:
-            response = demo_response(env, max_actions_per_turn, rng, oracles)
-        except NoSolution:
-            if not episode.turns:  # only a noisy move can lead to an unsolvable state
-                raise
-            break
-        if action_noise > 0:
-            response = with_action_noise(response, env, action_noise, rng)
+        response = demo_response(env, max_actions_per_turn, rng, oracles)
         episode.turns.append(DemoTurn(observation, actions_left, response))
         done = False
         for action in parse_response(response, max_actions_per_turn).actions:
@@ -430,16 +418,3 @@ def play_demo(
         if done:
             break
     return episode
-
-
-def with_action_noise(response: str, env: TextEnv, noise: float, rng: np.random.Generator) -> str:
-    """The response with each action replaced, with probability `noise`, by one drawn uniformly from the env's.
-
-    A demonstrator that slips: the reasoning still names the right move, the answer sometimes
-    does not. A policy imitating it acts on its reasoning only most of the time, which leaves
-    RL something it can learn within minutes (to act as it reasons); a perfect demonstrator
-    leaves only the model's own reasoning errors, which short RL runs did not move.
-    """
-    parsed = parse_response(response)
-    actions = [str(rng.choice(env.valid_actions())) if rng.random() < noise else a for a in parsed.actions]
-    return _response(parsed.reasoning, actions)

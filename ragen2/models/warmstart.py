@@ -81,7 +81,6 @@ DEFAULT_ENV_KWARGS: dict[str, dict[str, Any]] = {
 DEFAULT_EPISODE_SHARES: dict[str, float] = {
     "bandit": 0.25, "countdown": 0.25, "math": 0.25, "searchqa": 0.075, "code": 0.04, "webshop": 0.025,
 }
-DEFAULT_ACTION_NOISE: dict[str, float] = {}
 # Each env's preset rollout shape (ragen2/configs/envs/<env>.yaml; a test checks they agree), so
 # the demonstrations have the turn layout that RL and `ragen2 eval` use.
 DEFAULT_ENV_TURNS: dict[str, tuple[int, int]] = {
@@ -107,8 +106,6 @@ class WarmStartConfig:
     """Demonstration episodes per environment, on training seeds (below EVAL_SEED_OFFSET)."""
     episode_shares: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_EPISODE_SHARES))
     """Per-environment fraction of `episodes_per_env` to play (at least one episode); missing = 1."""
-    action_noise: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_ACTION_NOISE))
-    """Per-environment probability that the demonstrator replaces an action by a random one (`with_action_noise`)."""
     max_turns: int = 5
     """Turns per demonstration episode (the rollout default: 5 turns x 2 actions)."""
     max_actions_per_turn: int = 2
@@ -152,9 +149,6 @@ class WarmStartConfig:
                 raise ConfigError(
                     f"warmstart env_turns[{env!r}]={turns!r} is not allowed: use (max_turns, max_actions_per_turn), both >= 1"
                 )
-        for env, noise in self.action_noise.items():
-            if not 0 <= noise <= 1:
-                raise ConfigError(f"warmstart action_noise[{env!r}]={noise} is not allowed: use a probability in [0, 1]")
         if not self.envs:
             raise ConfigError("warmstart envs=() is not allowed: name at least one environment")
         if self.lr <= 0:
@@ -334,8 +328,7 @@ def make_demos(config: WarmStartConfig, rng: np.random.Generator, oracles: dict[
         seeds = rng.choice(EVAL_SEED_OFFSET, size=episodes, replace=False)
         kwargs = config.env_kwargs.get(name, {})
         max_turns, max_actions = config.env_turns.get(name, (config.max_turns, config.max_actions_per_turn))
-        noise = config.action_noise.get(name, 0.0)
-        demos += [play_demo(name, kwargs, int(s), max_turns, max_actions, rng, oracles, noise) for s in seeds]
+        demos += [play_demo(name, kwargs, int(s), max_turns, max_actions, rng, oracles) for s in seeds]
     return demos
 
 
