@@ -43,6 +43,20 @@ def save_random_policy() -> Callable:
     return save
 
 
+@pytest.fixture(scope="session")
+def learning_seed() -> int:
+    """`trainer.seed` of the learning tests: $RAGEN2_LEARNING_SEED, else 0.
+
+    One seed passing can be luck; `RAGEN2_LEARNING_SEED=3 make test-learning` reruns them on
+    another without editing them (docs/testing.md).
+    """
+    value = os.environ.get("RAGEN2_LEARNING_SEED", "0")
+    try:
+        return int(value)
+    except ValueError:
+        raise pytest.UsageError(f"RAGEN2_LEARNING_SEED={value!r} is not an integer: use a trainer seed such as 0..4") from None
+
+
 @pytest.fixture
 def one_thread():
     """The tiny test models run fastest on one thread, runs are then reproducible across machines,

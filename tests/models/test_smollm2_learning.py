@@ -44,13 +44,13 @@ def policy():
     return base_warmstart.warmstart_base(gguf.SMOLLM2_ALIAS, **WARMSTART)
 
 
-def test_drgrpo_raises_smollm2_bandit_success_by_more_than_three_standard_errors(policy, tmp_path):
+def test_drgrpo_raises_smollm2_bandit_success_by_more_than_three_standard_errors(policy, tmp_path, learning_seed):
     train(load_config("bandit", [
         f"model.path={policy}", "model.device=cpu", "model.lora_rank=8", "optim.lr=1e-3",
         "rollout.num_groups=4", "rollout.group_size=8", "algo.micro_batch_size=8",
         "algo.name=drgrpo", "filter.strategy=none",
         f"trainer.total_steps={STEPS}", f"trainer.eval_every={STEPS}", f"trainer.eval_episodes={EVAL_EPISODES}",
-        "trainer.save_every=0", "trainer.seed=0", "collapse.enable=false", "early_stop.rv_collapse=false",
+        "trainer.save_every=0", f"trainer.seed={learning_seed}", "collapse.enable=false", "early_stop.rv_collapse=false",
         "early_stop.eval_floor=false", "logging.tensorboard=false", "logging.progress=false",
         f"trainer.run_dir={tmp_path}",
     ]))

@@ -1,0 +1,47 @@
+"""What the learning tests share: a one-thread warm start, an RL run that reports its two evaluations,
+and the rise of held-out success in standard errors (tests/rl/test_learning.py, test_learning_check.py)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+from ragen2.config import load_config
+from ragen2.models.warmstart import warmstart
+from ragen2.rl.trainer import train
+from ragen2.tracking import read_metrics
+
+
+def warmstart_one_thread(out: Path, **settings) -> Path:
+    """`warmstart` on one thread, like the tests: the weights depend on the thread count."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return warmstart(out, **settings)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def train_and_evaluate(policy: Path, run_dir: Path, preset: str, steps: int, *overrides: str, seed: int) -> tuple[dict, dict]:
+    """Run RL with `trainer.seed=seed`; return the step-0 and final evaluation records.
+
+    `trainer.eval_every = steps` makes the trainer evaluate the warm start at step 0 and the
+    policy after the last step, on the same held-out seeds.
+    """
+    config = load_config(preset, [
+        f"model.path={policy}", "model.device=cpu", f"trainer.run_dir={run_dir}", f"trainer.seed={seed}",
+        f"trainer.total_steps={steps}", f"trainer.eval_every={steps}", "trainer.save_every=0",
+        "collapse.enable=false", "logging.progress=false", "logging.tensorboard=false", *overrides,
+    ])
+    train(config)
+    evals = [r for r in read_metrics(run_dir) if "eval/success_rate" in r]
+    assert [r["step"] for r in evals] == [0, steps]
+    return evals[0], evals[-1]
+
+
+def rise_in_standard_errors(before: dict, after: dict) -> float:
+    """The rise of held-out success in units of the standard error of the difference."""
+    gain = after["eval/success_rate"] - before["eval/success_rate"]
+    return gain / math.sqrt(before["eval/success_stderr"] ** 2 + after["eval/success_stderr"] ** 2)
