@@ -1,8 +1,8 @@
 """The short learning check of `make test`: GRPO from a small Bandit warm start raises held-out success.
 
 Unit tests check each piece of the update; this checks that together they still learn. A flipped
-advantage sign, a loss mask that trains on every token (or none) and a skipped optimizer step each
-failed it (docs/testing.md). About 40 s on one thread, warm start included, where test_learning.py's
+advantage sign, an empty loss mask and a skipped optimizer step each failed it; a mask that also
+trains the prompt tokens did not (docs/testing.md); test_trainer.py's build_batch test catches that one. About 40 s on one thread, warm start included, where test_learning.py's
 Bandit tests (`make test-learning`) take minutes.
 
 The Bandit oracle pulls a random arm, so the warm start knows the answer format, not the better
