@@ -24,7 +24,9 @@ def warmstart_one_thread(out: Path, **settings) -> Path:
         torch.set_num_threads(threads)
 
 
-def train_and_evaluate(policy: Path, run_dir: Path, preset: str, steps: int, *overrides: str, seed: int) -> tuple[dict, dict]:
+def train_and_evaluate(
+    policy: Path, run_dir: Path, preset: str, steps: int, *overrides: str, seed: int
+) -> tuple[dict, dict]:
     """Run RL with `trainer.seed=seed`; return the step-0 and final evaluation records.
 
     `trainer.eval_every = steps` makes the trainer evaluate the warm start at step 0 and the
@@ -37,7 +39,10 @@ def train_and_evaluate(policy: Path, run_dir: Path, preset: str, steps: int, *ov
     ])
     train(config)
     evals = [r for r in read_metrics(run_dir) if "eval/success_rate" in r]
-    assert [r["step"] for r in evals] == [0, steps]
+    steps_evaluated = [r["step"] for r in evals]
+    assert steps_evaluated == [0, steps], (
+        f"evaluated at steps {steps_evaluated}: the run stopped early ({run_dir}/events.jsonl says why)"
+    )
     return evals[0], evals[-1]
 
 
