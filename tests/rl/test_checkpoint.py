@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import os
 import random
 import signal
@@ -91,6 +93,61 @@ def test_garbled_pointer(policy, tmp_path):
     (tmp_path / "checkpoints" / "latest").write_text("step_9\n")
     with pytest.raises(CheckpointError, match="step_9.*does not exist"):
         load_checkpoint(tmp_path)
+
+
+# ----------------------------------------------------------------------------- checksums
+
+
+def test_untouched_checkpoint_loads_and_matches_its_checksums(policy, tmp_path):
+    _, model, tokenizer = policy
+    path = save_checkpoint(tmp_path, 3, model, tokenizer, load_config("bandit"), {"optimizer": {}}, critic=model)
+    mark_latest(tmp_path, 3)
+    assert load_checkpoint(tmp_path).step == 3
+    lines = (path / "checksums.sha256").read_text().splitlines()
+    recorded = {name: digest for digest, name in (line.split("  ", 1) for line in lines)}
+    files = {p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file()} - {"checksums.sha256"}
+    assert set(recorded) == files and {"model.safetensors", "trainer_state.pt", "critic/model.safetensors"} <= files
+    for name, digest in recorded.items():
+        assert hashlib.sha256((path / name).read_bytes()).hexdigest() == digest, name
+
+
+def test_garbage_after_the_safetensors_header_is_refused_naming_the_file(policy, tmp_path):
+    """The header stays valid, so the file loads; without checksums the run later looked diverged."""
+    for step in (1, 2):
+        _saved(tmp_path, policy, step)
+    path = _saved(tmp_path, policy, step=3)
+    weights = path / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    start = 8 + int.from_bytes(data[:8], "little")
+    data[start : start + 64] = b"\xff" * 64  # NaN floats where the first tensor's values were
+    weights.write_bytes(data)
+    with pytest.raises(CheckpointError) as refused:
+        load_checkpoint(tmp_path)
+    assert str(refused.value) == (
+        f"checkpoint {weights} does not match the sha256 written in checksums.sha256 when it was saved: its bytes "
+        f"changed since, it is corrupt; resume from an earlier checkpoint by writing its name (step_2, the one "
+        f"before; also saved: step_1) into {tmp_path / 'checkpoints' / 'latest'}"
+    )
+
+
+def test_a_flipped_byte_in_the_optimizer_state_is_refused(policy, tmp_path):
+    _, model, tokenizer = policy
+    exp_avg = torch.full((256,), 1.5)
+    path = save_checkpoint(tmp_path, 3, model, tokenizer, load_config("bandit"), {"optimizer": {"exp_avg": exp_avg}})
+    mark_latest(tmp_path, 3)
+    data = bytearray((path / "trainer_state.pt").read_bytes())
+    data[data.find(exp_avg[:4].numpy().tobytes()) + 5] ^= 0xFF  # still a readable torch file, one value changed
+    (path / "trainer_state.pt").write_bytes(data)
+    with pytest.raises(CheckpointError, match=r"step_3/trainer_state\.pt does not match the sha256.*no earlier checkpoint"):
+        load_checkpoint(tmp_path)
+
+
+def test_checkpoint_saved_without_checksums_still_loads(policy, tmp_path, caplog):
+    path = _saved(tmp_path, policy)
+    (path / "checksums.sha256").unlink()  # as every checkpoint saved before checksums were written
+    with caplog.at_level(logging.DEBUG, logger="ragen2.rl.checkpoint"):
+        assert load_checkpoint(tmp_path).step == 3
+    assert "loading it unverified" in caplog.text
 
 
 def test_rng_state_round_trip():
