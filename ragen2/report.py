@@ -83,6 +83,13 @@ _BUCKET_KEY = re.compile(r"^grad_snr/bucket(\d+)/")
 _ROLLOUT_FILE = re.compile(r"^step_(\d+)\.jsonl$")
 _FIRST, _TRAJ = "collapse_first_turn", "collapse_trajectory"
 _LINESTYLES = ("-", "--", ":", "-.")
+# A panel whose values spread over less than this fraction of their size holds one value up to float
+# rounding (a constant learning rate read back from the optimizer): it is drawn at ± CONSTANT_MARGIN.
+CONSTANT_RTOL = 1e-6
+CONSTANT_MARGIN = 0.1
+# A step that takes more than this many times the median step (a slow first step) runs off the top of
+# the timing panel, so that it does not flatten the others; its total is written on it.
+TIMING_OUTLIER = 3.0
 
 
 class Metrics:
@@ -253,6 +260,14 @@ def timing_stack(metrics: Metrics) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     return steps, stack
 
 
+def timing_top(totals: np.ndarray) -> float:
+    """Top of the timing panel's y axis for these step totals: 10% above the tallest step that takes at
+    most `TIMING_OUTLIER` × the median step, so that one slow step does not flatten the rest."""
+    limit = TIMING_OUTLIER * float(np.median(totals))
+    typical = totals[totals <= limit] if limit > 0 else totals
+    return 1.1 * float(typical.max()) or 1.0  # all zero: any scale shows them
+
+
 def moving_average(values: np.ndarray, window: int) -> np.ndarray:
     """Trailing mean of the last `window` points at each point (fewer at the start): it never
     looks ahead, so a smoothed curve does not drop before the raw one does."""
@@ -329,11 +344,13 @@ def write_report(run_dirs: Path | str | Sequence[Path | str], out_dir: Path | No
 
 
 def _panels(fig: Figure, n: int, height: float = 2.4) -> list[Axes]:
-    """`n` stacked panels sharing the step axis."""
+    """`n` stacked panels sharing the step axis. Their y ticks have no offset: a nearly flat series
+    would otherwise read "1e−16+1e−4" over ticks −1..1 instead of its value."""
     fig.set_size_inches(8, max(3.4, height * n))
     axes = fig.subplots(n, 1, sharex=True, squeeze=False)[:, 0]
     for ax in axes:
         ax.grid(alpha=0.3)
+        ax.yaxis.get_major_formatter().set_useOffset(False)
     axes[-1].set_xlabel("step")
     axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
     return list(axes)
@@ -393,8 +410,9 @@ def _lines(
 
 def _eval_points(ax: Axes, runs: list[RunData], key: str, label: str, stderr: bool = False) -> None:
     """Evaluations happen every few steps: large markers (with ± one standard error when
-    `stderr`), black for one run. For several, each run's colour joined by a thin line, the
-    runs nudged a few points apart on screen (not in the data) so that equal values stay visible."""
+    `stderr`), never joined by a line, which would read as another curve; black for one run. For
+    several, each run's colour with a black edge, the runs nudged a few points apart on screen
+    (not in the data) so that equal values stay visible."""
     evaluated = [run for run in runs if run.metrics.has(key)]
     for r, run in enumerate(evaluated):
         steps, values = run.metrics.series(key)
@@ -404,10 +422,10 @@ def _eval_points(ax: Axes, runs: list[RunData], key: str, label: str, stderr: bo
             ax.errorbar(steps, values, yerr=yerr, fmt="D", color="black", markersize=6, capsize=3, zorder=3, label=name)
             continue
         nudge = ScaledTranslation((r - (len(evaluated) - 1) / 2) * 4 / 72, 0, ax.figure.dpi_scale_trans)
-        ax.errorbar(steps, values, yerr=yerr, fmt="-D", color=run.color, markersize=5, capsize=3, linewidth=1,
-                    zorder=3, label=_first_label(ax, run.label), transform=ax.transData + nudge)
+        ax.errorbar(steps, values, yerr=yerr, fmt="D", color=run.color, markeredgecolor="black", markersize=6,
+                    capsize=3, zorder=3, label=_first_label(ax, run.label), transform=ax.transData + nudge)
         ax.update_datalim(np.column_stack([steps, values]))  # artists off transData do not autoscale
-        _legend_key(ax, name, marker="D", linestyle="-", linewidth=1)
+        _legend_key(ax, name, marker="D", markeredgecolor="black", linestyle="none")
 
 
 def _mark_events(axes: list[Axes], runs: list[RunData]) -> None:
@@ -426,9 +444,19 @@ def _mark_events(axes: list[Axes], runs: list[RunData]) -> None:
                 _legend_key(axes[0], name, linestyle="--", linewidth=1)
 
 
+def _frame_constant(ax: Axes) -> None:
+    """Autoscaled y limits of a panel whose data hold one value (`CONSTANT_RTOL`) become that value
+    ± `CONSTANT_MARGIN` of it, so that its ticks read the value; a constant 0 keeps matplotlib's ±0.05."""
+    low, high = ax.dataLim.intervaly
+    middle = (low + high) / 2
+    if ax.get_autoscaley_on() and middle != 0 and 0 <= high - low <= CONSTANT_RTOL * abs(middle):
+        ax.set_ylim(middle - CONSTANT_MARGIN * abs(middle), middle + CONSTANT_MARGIN * abs(middle))
+
+
 def _finish(axes: list[Axes], runs: list[RunData]) -> None:
     _mark_events(axes, runs)
     for ax in axes:
+        _frame_constant(ax)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8, loc="best")
 
@@ -497,25 +525,35 @@ def _draw_throughput(fig: Figure, runs: list[RunData], smooth: int) -> None:
 def _draw_timing(fig: Figure, runs: list[RunData], smooth: int) -> None:
     """Stacked bars, one per step: the phases add up to the step, and a phase that runs every
     few steps (evaluation, collapse checks) is a bar segment at those steps, not a line drawn
-    across the steps between. One panel per run, with the same y scale and phase colours."""
+    across the steps between. One panel per run, with the same y scale and phase colours; the
+    scale fits the typical steps (`timing_top`), and a bar above it is cut, with its total
+    written on it and named in its panel's title."""
     timed = [(run, *timing_stack(run.metrics)) for run in runs if run.metrics.has("timing_s/*")]
     segments = list(dict.fromkeys(name for _, _, stack in timed for name in stack))
     colors = {name: f"C{i % 10}" for i, name in enumerate(segments)}
     axes = _panels(fig, len(timed), height=2.6)
     fig.set_size_inches(8, max(3.4, 2.6 * len(timed)) + 0.4)
-    for ax, (run, steps, stack) in zip(axes, timed):
+    totals = [sum(stack.values(), np.zeros(len(steps))) for _, steps, stack in timed]
+    top = max(timing_top(t) for t in totals)
+    for ax, (run, steps, stack), total in zip(axes, timed, totals):
         bottom = np.zeros(len(steps))
         for name, seconds in stack.items():
             shown = seconds > 0
             ax.bar(steps[shown], seconds[shown], bottom=bottom[shown], width=0.8, color=colors[name], label=name)
             bottom += seconds
+        ax.set_ylim(0, top)
         ax.set_ylabel("seconds")
-        if len(runs) == 1:
-            ax.set_title("Time per phase")
-        else:
-            ax.set_title(f"Time per phase: {run.label}", fontsize=10)
-    for ax in axes[1:]:
-        ax.sharey(axes[0])
+        off = np.flatnonzero(total > top)
+        for i in off:
+            ax.annotate(f"{total[i]:.3g} s", (steps[i], top), xytext=(0, -3), textcoords="offset points",
+                        ha="center", va="top", rotation=90, fontsize=7,
+                        bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "alpha": 0.8, "linewidth": 0})
+        title = "Time per phase" if len(runs) == 1 else f"Time per phase: {run.label}"
+        if len(off):
+            listed = "; ".join(f"step {steps[i]}: {total[i]:.3g} s" for i in off[:3])
+            more = f" and {len(off) - 3} more" if len(off) > 3 else ""
+            title += f"\n{listed}{more}, off scale"
+        ax.set_title(title, **({"fontsize": 10} if len(runs) > 1 or len(off) else {}))
     _mark_events(axes, [run for run, _, _ in timed])
     handles = {label: h for ax in axes for h, label in zip(*ax.get_legend_handles_labels())}
     fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncols=4, fontsize=8)
@@ -537,6 +575,36 @@ def _draw_filter(fig: Figure, runs: list[RunData], smooth: int) -> None:
     _finish(axes, runs)
 
 
+def _chance_lines(ax: Axes, runs: list[RunData]) -> None:
+    """Retrieval-Acc's chance level of each scheme, 1/N over the N distinct inputs a check scored (the
+    logged `chance_level`, see `ragen2.collapse.metrics.mi_metrics`): a dashed line, horizontal while N
+    holds, in the colour of the scheme's curve for one run and of the run for several. Labelled
+    ("chance 1/8 (trajectory)") at the left end for the first turn and the right end for the trajectory,
+    so that equal levels do not overprint; in gray and once per distinct label for several runs."""
+    written = set()
+    for run in runs:
+        for i, (prefix, scheme) in enumerate(((_FIRST, "first turn"), (_TRAJ, "trajectory"))):
+            steps, chance = run.metrics.series(f"{prefix}/chance_level")
+            if not len(steps):
+                continue
+            color = f"C{i}" if len(runs) == 1 else run.color
+            style = {"color": color, "linestyle": "--", "linewidth": 1}
+            counts = sorted({round(1 / c) for c in chance})
+            if len(counts) == 1:
+                ax.axhline(chance[0], **style)
+                text = f"chance 1/{counts[0]} ({scheme})"
+            else:
+                ax.plot(steps, chance, drawstyle="steps-post", **style)
+                text = f"chance 1/N, N = {counts[0]} to {counts[-1]} ({scheme})"
+            if text not in written:
+                written.add(text)
+                left = i == 0
+                ax.annotate(text, (0.01 if left else 0.99, chance[0] if left else chance[-1]),
+                            xycoords=("axes fraction", "data"), xytext=(0, 1), textcoords="offset points",
+                            ha="left" if left else "right", va="bottom", fontsize=7,
+                            color=color if len(runs) == 1 else "gray")
+
+
 def _draw_collapse(fig: Figure, runs: list[RunData], smooth: int) -> None:
     """MI proxies, token entropy and success share the step axis: collapse shows up as the
     proxies falling while entropy stays flat, ahead of a drop in success."""
@@ -552,8 +620,7 @@ def _draw_collapse(fig: Figure, runs: list[RunData], smooth: int) -> None:
     if rows[0]:
         ax = next(axes)
         _lines(ax, runs, smooth, [(f"{_FIRST}/retrieval_acc", "first turn"), (f"{_TRAJ}/retrieval_acc", "trajectory")])
-        _lines(ax, runs, 0, [(f"{_FIRST}/chance_level", "chance (first turn)")], key_series=True, linestyle=":",
-               **({"color": "gray"} if one else {"alpha": 0.6}))
+        _chance_lines(ax, runs)
         _rate_axis(ax, "Retrieval-Acc")
         used.append(ax)
     if rows[1]:

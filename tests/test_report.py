@@ -31,6 +31,7 @@ from ragen2.report import (
     load_runs,
     moving_average,
     timing_stack,
+    timing_top,
     write_report,
 )
 from ragen2.tracking import Tracker, read_metrics
@@ -40,6 +41,7 @@ METRICS_DOC = ROOT / "docs" / "metrics.md"
 FILTER_RUNS = ROOT / "results" / "runs" / "filter_sokoban"  # committed runs of `ragen2 sweep`
 ALL_FIGURES = {"reward", "success", "collapse", "entropy", "kl", "response_length", "filter", "loss", "grad_norm", "lr",
                "clipfrac", "approx_kl", "throughput", "grad_snr", "timing"}
+_TRAJ = "collapse_trajectory"
 CONFIG = "algo:\n  name: {algo}\nfilter:\n  value: 0.9\nrollout:\n  num_groups: 2\n  group_size: 4\n" \
          "trainer:\n  eval_episodes: 16\n"
 
@@ -55,8 +57,9 @@ def is_documented(key: str, documented: set[str]) -> bool:
 
 
 def _write_run(run_dir: Path, steps: int = 40, grad_snr: bool = True, algo: str = "grpo") -> None:
-    """A run shaped like a real one: collapse proxies every 5 steps, evaluation every 10 (16
-    episodes), a gradient-SNR probe at 10 and 20, an alarm and an early stop; PPO adds the value loss."""
+    """A run shaped like a real one: collapse proxies every 5 steps (2 distinct first prompts, 8 trajectory
+    prompts), evaluation every 10 (16 episodes), a gradient-SNR probe at 10 and 20, an alarm and an early
+    stop; PPO adds the value loss."""
     rng = np.random.default_rng(0)
     (run_dir / "config.yaml").parent.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(CONFIG.format(algo=algo))
@@ -88,10 +91,11 @@ def _write_run(run_dir: Path, steps: int = 40, grad_snr: bool = True, algo: str 
             if algo == "ppo":
                 m["train/value_loss"] = 2.0 - t
             if step == 1 or step % 5 == 0:
-                for prefix, scale in (("collapse_first_turn", 1.0), ("collapse_trajectory", 0.7)):
+                for prefix, scale, inputs in (("collapse_first_turn", 1.0, 2), ("collapse_trajectory", 0.7, 8)):
                     m[f"{prefix}/retrieval_acc"] = scale * (1 - 0.8 * t)
                     m[f"{prefix}/mi_zscore_ema"] = scale * 3 * (1 - t)
-                    m[f"{prefix}/chance_level"] = 0.125
+                    m[f"{prefix}/num_distinct_inputs"] = inputs
+                    m[f"{prefix}/chance_level"] = 1 / inputs
             if step % 10 == 0:
                 m["eval/success_rate"] = 0.7 * t
                 m["eval/return_mean"] = 1.8 * t
@@ -298,6 +302,90 @@ def test_overlay_of_two_committed_runs(tmp_path: Path) -> None:
     assert html.count("<th colspan=3>") == 2  # one summary table, a column triple per run
     assert html.count("<th>first (step)</th><th>last (step)</th><th>max (step)</th>") == 2
     assert "Sample trajectories" not in html  # the committed runs keep no rollouts
+
+
+def test_overlaid_evaluations_are_markers_not_lines() -> None:
+    """Each run's evaluations are diamonds with error bars, not joined by a line that would read as another
+    curve in the run's colour; the legend's gray key for them is a marker without a line."""
+    runs = [FILTER_RUNS / "algo.name=ppo__filter=none__seed=0", FILTER_RUNS / "algo.name=ppo__filter=paper__seed=0"]
+    for name in ("success", "collapse"):
+        ax = _draw(name, runs).axes[-1]
+        bars = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+        assert [(c.lines[0].get_linestyle(), c.lines[0].get_marker()) for c in bars] == [("None", "D")] * 2, name
+        (key,) = [h for h, label in zip(*ax.get_legend_handles_labels()) if label.startswith("eval")]
+        assert (key.get_linestyle(), key.get_marker()) == ("None", "D"), name
+
+
+def test_constant_series_show_their_value(tmp_path: Path) -> None:
+    """A learning rate that holds at 1e-4 up to float rounding is drawn at 1e-4 ± 10% with no tick offset
+    (not "1e−16+1e−4" over ticks −1..1), alone and overlaid; a warm-up keeps its autoscaled range."""
+    for name in ("a", "b"):
+        with Tracker(tmp_path / name, {}, tensorboard=False) as tracker:
+            for step in range(1, 6):
+                tracker.log(step, {"train/lr": 1e-4 + (1e-16 if step % 2 else -5e-17)})
+    for dirs in ([tmp_path / "a"], [tmp_path / "a", tmp_path / "b"]):
+        fig = _draw("lr", dirs)
+        (ax,) = fig.axes
+        fig.draw_without_rendering()
+        assert not ax.yaxis.get_major_formatter().get_useOffset()
+        assert ax.yaxis.get_offset_text().get_text() == ""
+        assert ax.get_ylim() == pytest.approx((0.9e-4, 1.1e-4))
+    _write_run(tmp_path / "warmup", steps=10, grad_snr=False)  # 2e-5 to 1e-4 over 5 steps
+    (ax,) = _draw("lr", [tmp_path / "warmup"]).axes
+    assert ax.get_ylim()[0] < 2e-5 < 1e-4 < ax.get_ylim()[1] < 1.1e-4
+
+
+def test_retrieval_panel_draws_each_schemes_chance_level(tmp_path: Path) -> None:
+    """Chance is 1/N over the N distinct inputs a check scored: dashed lines at 1/2 (first turn) and 1/8
+    (trajectory), in the colours of their curves and labelled; overlaid runs that share a level label it
+    once; an N that changes between checks is drawn as steps and labelled with its range."""
+    _write_run(tmp_path / "a", steps=10, grad_snr=False)
+    _write_run(tmp_path / "b", steps=10, grad_snr=False)
+    (run,) = load_runs([tmp_path / "a"])
+    logged = [run.metrics.series(f"{p}/num_distinct_inputs")[1][0] for p in ("collapse_first_turn", _TRAJ)]
+    assert logged == [2, 8]
+
+    def chance_lines(ax) -> list[tuple[float, str]]:
+        return [(float(line.get_ydata()[0]), line.get_color()) for line in ax.get_lines()
+                if line.get_linestyle() == "--" and len(set(line.get_ydata())) == 1]  # not the events' axvlines
+
+    ax = _draw("collapse", [tmp_path / "a"]).axes[0]
+    assert chance_lines(ax) == [(1 / 2, "C0"), (1 / 8, "C1")]
+    assert [t.get_text() for t in ax.texts] == ["chance 1/2 (first turn)", "chance 1/8 (trajectory)"]
+    ax = _draw("collapse", [tmp_path / "a", tmp_path / "b"]).axes[0]
+    assert chance_lines(ax) == [(1 / 2, "C0"), (1 / 8, "C0"), (1 / 2, "C1"), (1 / 8, "C1")]
+    assert [t.get_text() for t in ax.texts] == ["chance 1/2 (first turn)", "chance 1/8 (trajectory)"]
+
+    with Tracker(tmp_path / "varying", {}, tensorboard=False) as tracker:
+        for step, inputs in ((1, 6), (5, 8)):  # identical prompts among the samples merge into one input
+            tracker.log(step, {f"{_TRAJ}/retrieval_acc": 0.5, f"{_TRAJ}/chance_level": 1 / inputs})
+    ax = _draw("collapse", [tmp_path / "varying"]).axes[0]
+    (steps,) = [line for line in ax.get_lines() if line.get_drawstyle() == "steps-post"]
+    assert list(steps.get_ydata()) == [1 / 6, 1 / 8] and steps.get_linestyle() == "--"
+    assert [t.get_text() for t in ax.texts] == ["chance 1/N, N = 6 to 8 (trajectory)"]
+
+
+def test_a_slow_step_runs_off_the_timing_scale(tmp_path: Path) -> None:
+    """A 41 s first step among 4 s steps: the scale fits the 4 s steps (10% above them); the slow bar keeps
+    its height, is cut at the top with its total written on it, and the title says so. Overlaid, both
+    panels share that scale and only the slow run's panel names a cut bar."""
+    with Tracker(tmp_path / "slow", {}, tensorboard=False) as tracker:
+        for step in range(10):
+            tracker.log(step, {"timing_s/rollout": 40.0 if step == 0 else 3.0, "timing_s/update": 1.0})
+    assert timing_top(np.array([41.0] + [4.0] * 9)) == pytest.approx(4.4)
+    assert timing_top(np.array([4.0, 5.0, 9.0])) == pytest.approx(9.9)  # under 3 × the median: nothing cut
+    (ax,) = _draw("timing", [tmp_path / "slow"]).axes
+    assert ax.get_ylim() == pytest.approx((0.0, 4.4))
+    rollout = next(c for c in ax.containers if c.get_label() == "rollout")
+    assert rollout[0].get_height() == 40.0
+    assert [t.get_text() for t in ax.texts] == ["41 s"]
+    assert ax.get_title() == "Time per phase\nstep 0: 41 s, off scale"
+
+    _write_run(tmp_path / "steady", steps=10, grad_snr=False)  # 5 to 5.5 s a step
+    slow, steady = _draw("timing", [tmp_path / "slow", tmp_path / "steady"]).axes
+    assert slow.get_ylim() == steady.get_ylim() and 5.5 < slow.get_ylim()[1] < 41
+    assert slow.get_title().endswith("step 0: 41 s, off scale") and [t.get_text() for t in slow.texts] == ["41 s"]
+    assert steady.get_title() == "Time per phase: steady" and not steady.texts
 
 
 def test_moving_average_by_hand(tmp_path: Path) -> None:

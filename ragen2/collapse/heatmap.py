@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
+from matplotlib.ticker import MaxNLocator
 
 Z_LIMIT = 3.0  # colour scale clipped at +-3 standard deviations
 MAX_TICK_LABELS = 40  # input labels drawn only up to this many rows
@@ -34,18 +35,18 @@ def column_zscores(logp: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return np.divide(centred, std, out=np.zeros_like(centred), where=std > 0)
 
 
-def draw_heatmap(
+def heatmap_figure(
     logp: np.ndarray,
     source: np.ndarray,
     lengths: np.ndarray,
-    path: Path,
     input_labels: Sequence[str] | None = None,
     title: str = "",
-) -> Path:
-    """Write the inputs x reasonings heatmap of `logp` [M, P] to `path` (PNG); returns `path`.
+) -> Figure:
+    """The inputs x reasonings heatmap of `logp` [M, P], as a Figure (`draw_heatmap` writes it).
 
     source [M]: the column each reasoning came from; lengths [M]: reasoning lengths in tokens.
-    Each input's own reasonings are outlined in white on that input's row.
+    Each input's own reasonings are outlined in white on that input's row. Both axes index
+    items, so their ticks are whole numbers (or the input labels).
     """
     m, p = logp.shape
     order = np.argsort(source, kind="stable")  # reasonings grouped by source input
@@ -53,6 +54,8 @@ def draw_heatmap(
     fig = Figure(figsize=(float(np.clip(3 + 0.1 * m, 6, 16)), float(np.clip(2 + 0.12 * p, 3.5, 9))), dpi=120,
                  layout="constrained")
     ax = fig.subplots()
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     im = ax.imshow(image, aspect="auto", cmap="viridis", vmin=-Z_LIMIT, vmax=Z_LIMIT, interpolation="nearest")
     sorted_source = source[order]
     for j in np.unique(sorted_source):  # outline each input's block of reasonings on that input's row
@@ -67,5 +70,17 @@ def draw_heatmap(
     fig.colorbar(im, ax=ax, label="z-score of per-token log p(Z | X) across inputs")
     ax.legend(handles=[Patch(fill=False, edgecolor="black", label="reasonings of this input")], loc="upper right",
               fontsize=7, framealpha=0.7)
-    fig.savefig(path)
+    return fig
+
+
+def draw_heatmap(
+    logp: np.ndarray,
+    source: np.ndarray,
+    lengths: np.ndarray,
+    path: Path,
+    input_labels: Sequence[str] | None = None,
+    title: str = "",
+) -> Path:
+    """Write `heatmap_figure` of these arguments to `path` (PNG); returns `path`."""
+    heatmap_figure(logp, source, lengths, input_labels, title).savefig(path)
     return Path(path)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ragen2.collapse import score_matrix_naive
-from ragen2.collapse.heatmap import column_zscores, draw_heatmap
+from ragen2.collapse.heatmap import column_zscores, draw_heatmap, heatmap_figure
 from ragen2.collapse.offline import (
     Record,
     diagnose,
@@ -274,6 +274,16 @@ def test_heatmap_png(tmp_path):
     logp[np.arange(12), source] += 5
     path = draw_heatmap(logp, source, np.full(12, 10), tmp_path / "h.png", input_labels=list("abcd"), title="t")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_heatmap_ticks_are_whole_items():
+    """Rows are inputs and columns reasonings: with 2 inputs and 3 reasonings every tick in view is an
+    index (0, 1, 2), never −0.5 or 0.5, on both axes."""
+    logp = np.random.default_rng(0).normal(-20, 1, size=(3, 2))
+    ax = heatmap_figure(logp, np.array([0, 0, 1]), np.full(3, 10)).axes[0]
+    for ticks, limits in ((ax.get_xticks(), ax.get_xlim()), (ax.get_yticks(), ax.get_ylim())):
+        shown = [t for t in ticks if min(limits) <= t <= max(limits)]
+        assert shown and all(float(t).is_integer() for t in shown), shown
 
 
 def test_reading_never_calls_missing_or_too_few_pairs_chance():
