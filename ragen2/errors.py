@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 
 class Ragen2Error(Exception):
@@ -33,7 +33,11 @@ class DivergedError(Ragen2Error, RuntimeError):
     """Training made the policy's weights or outputs non-finite (too high a learning rate, as a rule)."""
 
 
-def did_you_mean(name: str, choices: Iterable[str], n: int = 3) -> str:
-    """Return ' Did you mean: a, b?' for the closest choices, or '' when none is close."""
+def did_you_mean(name: str, choices: Iterable[str], n: int = 3, shown: Callable[[str], str] = str) -> str:
+    """Return ' Did you mean: a, b?' for the closest choices, or '' when none is close.
+
+    `shown` writes each match as the user should type it: names compared without a shared part
+    (a suite's `textarena:` prefix) are shown with it, which would otherwise make every choice look close.
+    """
     close = difflib.get_close_matches(name, list(choices), n=n, cutoff=0.5)
-    return f" Did you mean: {', '.join(close)}?" if close else ""
+    return f" Did you mean: {', '.join(map(shown, close))}?" if close else ""

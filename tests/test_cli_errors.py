@@ -111,9 +111,28 @@ def test_a_model_that_fails_to_load_leaves_no_run_dir(capsys, tmp_path):
     assert no_run_dir_left(tmp_path)
 
 
-def test_a_hub_name_is_not_mistaken_for_a_missing_path():
+def test_a_hub_name_is_not_mistaken_for_a_missing_path(monkeypatch):
+    monkeypatch.setattr("ragen2.models.loading.hub_unreachable", lambda: None)  # online: the hub decides
     check_model_path("Qwen/Qwen2.5-0.5B-Instruct")  # its dots once read as a file suffix: "does not exist"
     check_model_path("gpt2")
+
+
+@pytest.mark.parametrize("name, problem, closest", [
+    ("textarena:TowerOfHanio-v0", "TowerOfHanio-v0 is not an adapted TextArena game; adapted: ",
+     "textarena:TowerOfHanoi-v0, textarena:TowerOfHanoi-v0-hard, textarena:TowerOfHanoi-v0-medium"),
+    ("gym:Blackjak-v1", "Blackjak-v1 is not a registered Gymnasium environment; with text renderers: ",
+     "gym:Blackjack-v1, gym:tabular/Blackjack-v0"),
+    ("textarna:TowerOfHanoi-v0", "'textarna' is not an environment suite; suites: textarena:GAME, ",
+     "textarena:TowerOfHanoi-v0, textworld:TowerOfHanoi-v0"),
+])
+def test_a_mistyped_suite_or_game_is_a_bad_env_name(capsys, tmp_path, name, problem, closest):
+    """These once read "env.kwargs for NAME: ..." (a bad game)
+    or listed only the built-in environments (a bad suite)."""
+    pytest.importorskip("textarena")
+    msg = error_line(capsys, ["train", "bandit", f"env.name={name}"])
+    assert msg.startswith(f"env.name={name!r}: {problem}")
+    assert msg.endswith(f"Did you mean: {closest}?")
+    assert no_run_dir_left(tmp_path)
 
 
 def test_eval_of_a_truncated_model_names_the_file(capsys, tmp_path):

@@ -16,14 +16,15 @@ ENVS: Registry[Callable[..., TextEnv]] = Registry("environment")
 
 def make(name: str, **cfg) -> TextEnv:
     """Build the environment registered under `name` (or another suite's `SUITE:GAME`) with its keyword config."""
-    if external.is_external(name):
+    if ":" in name:  # built-in names have no colon: SUITE:GAME, or a mistyped suite the suites' error names
         return external.make(name, **cfg)
     return ENVS.get(name)(**cfg)
 
 
 def exists(name: str) -> bool:
-    """A registered name, or one with a suite prefix (`textarena:...`: building it tells whether the game exists)."""
-    return name in ENVS or external.is_external(name)
+    """A registered name, or a `SUITE:GAME` one: building it tells whether the suite and the game exist,
+    with the choices and the closest one (config validation would otherwise list only the built-in names)."""
+    return name in ENVS or ":" in name
 
 
 def names() -> list[str]:

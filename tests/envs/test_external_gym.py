@@ -7,7 +7,7 @@ import pytest
 
 from ragen2 import envs
 from ragen2.envs.check import check_env
-from ragen2.errors import ConfigError
+from ragen2.errors import ConfigError, UnknownNameError
 
 ADAPTED = ["Blackjack-v1", "FrozenLake-v1", "CliffWalking-v1", "Taxi-v4", "CartPole-v1"]
 
@@ -55,5 +55,29 @@ def test_suite_names_resolve_as_presets_and_env_names():
     config = load_config("gym:Blackjack-v1-ppo-nofilter")
     assert (config.env.name, config.algo.name, config.filter.strategy) == ("gym:Blackjack-v1", "ppo", "none")
     assert load_config(None, ["env=gym:Taxi-v4"]).env.name == "gym:Taxi-v4"
-    with pytest.raises(ConfigError, match="not a registered Gymnasium environment"):
+    with pytest.raises(UnknownNameError, match="not a registered Gymnasium environment"):
         load_config(None, ["env.name=gym:NoSuchEnv-v0"])
+
+
+def test_a_mistyped_id_is_a_bad_env_name_with_the_closest_id():
+    """It once read "env.kwargs for 'gym:Blackjak-v1': ...", blaming the kwargs, with no suggestion."""
+    from ragen2.config import load_config
+
+    with pytest.raises(UnknownNameError) as e:
+        load_config(None, ["env.name=gym:Blackjak-v1"])
+    message = str(e.value)
+    assert message.startswith("env.name='gym:Blackjak-v1': Blackjak-v1 is not a registered Gymnasium environment")
+    assert "with text renderers: Blackjack-v1, FrozenLake-v1" in message and "env.kwargs" not in message
+    assert "Did you mean: gym:Blackjack-v1" in message
+
+
+def test_a_mistyped_suite_names_the_suites_and_the_closest():
+    """It once listed only the built-in environments."""
+    from ragen2.config import load_config
+
+    with pytest.raises(UnknownNameError) as e:
+        load_config(None, ["env.name=textarna:Foo-v0"])
+    message = str(e.value)
+    assert message.startswith("env.name='textarna:Foo-v0': 'textarna' is not an environment suite; suites: "
+                              "textarena:GAME, textworld:GAME, gym:GAME; built-in environments: bandit, ")
+    assert "Did you mean: textarena:Foo-v0" in message

@@ -11,7 +11,7 @@ pytest.importorskip("textarena")
 from ragen2 import envs  # noqa: E402
 from ragen2.envs.check import check_env  # noqa: E402
 from ragen2.envs.external.textarena_env import GAMES, UNAVAILABLE  # noqa: E402
-from ragen2.errors import ConfigError  # noqa: E402
+from ragen2.errors import ConfigError, UnknownNameError  # noqa: E402
 
 # (game id, config): short horizons keep each check to a fraction of a second.
 SINGLE = [
@@ -105,5 +105,17 @@ def test_offline_failures_are_named():
         assert game not in GAMES
     with pytest.raises(ConfigError, match="API key"):
         envs.make("textarena:TwentyQuestions-v0")
-    with pytest.raises(ConfigError, match="not an adapted game"):
+    with pytest.raises(UnknownNameError, match="not an adapted TextArena game"):
         envs.make("textarena:NoSuchGame-v0")
+
+
+def test_a_mistyped_game_is_a_bad_env_name_with_the_closest_game():
+    """It once read "env.kwargs for 'textarena:TowerOfHanio-v0': ... is not an adapted game", blaming the kwargs."""
+    from ragen2.config import load_config
+
+    with pytest.raises(UnknownNameError) as e:
+        load_config(None, ["env.name=textarena:TowerOfHanio-v0"])
+    message = str(e.value)
+    assert message.startswith("env.name='textarena:TowerOfHanio-v0': TowerOfHanio-v0 is not an adapted TextArena game")
+    assert "adapted: " in message and "env.kwargs" not in message
+    assert "Did you mean: textarena:TowerOfHanoi-v0," in message

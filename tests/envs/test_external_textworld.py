@@ -13,7 +13,7 @@ pytest.importorskip("textworld")
 from ragen2 import envs  # noqa: E402
 from ragen2.envs.check import check_env  # noqa: E402
 from ragen2.envs.external.textworld_env import game_file  # noqa: E402
-from ragen2.errors import ConfigError  # noqa: E402
+from ragen2.errors import ConfigError, UnknownNameError  # noqa: E402
 
 SMALL = [("coin_collector", {"level": 1}), ("treasure_hunter", {"level": 1}), ("cooking", {"recipe": 1, "take": 1})]
 
@@ -42,7 +42,9 @@ def test_games_are_cached_per_seed():
 
 
 def test_unknown_challenge_and_setting():
-    with pytest.raises(ConfigError, match="not a TextWorld challenge"):
+    with pytest.raises(UnknownNameError, match="not a TextWorld challenge"):
         envs.make("textworld:zork")
+    with pytest.raises(UnknownNameError, match="Did you mean: textworld:coin_collector"):
+        envs.make("textworld:coin_colector")
     with pytest.raises(ConfigError, match="no setting 'colour'"):
         envs.make("textworld:coin_collector", colour="red")

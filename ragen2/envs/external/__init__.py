@@ -11,7 +11,7 @@ import importlib
 from typing import Any
 
 from ragen2.envs.base import TextEnv
-from ragen2.errors import ConfigError, UnknownNameError
+from ragen2.errors import ConfigError, UnknownNameError, did_you_mean
 
 # Suite prefix -> (adapter module, the extra that installs the suite).
 SUITES: dict[str, tuple[str, str | None]] = {
@@ -27,10 +27,17 @@ def is_external(name: str) -> bool:
 
 
 def make(name: str, **cfg: Any) -> TextEnv:
-    """Build `SUITE:GAME` with the suite's adapter; a missing suite names the extra that installs it."""
+    """Build `SUITE:GAME` with the suite's adapter; a missing suite names the extra that installs it,
+    an unknown one the suites and the built-in environments, with the closest suite."""
     suite, _, game = name.partition(":")
     if suite not in SUITES:
-        raise UnknownNameError(f"unknown environment suite {suite!r} in {name!r}; suites: {', '.join(SUITES)}")
+        from ragen2.envs import names  # ragen2.envs imports this module
+
+        raise UnknownNameError(
+            f"env.name={name!r}: {suite!r} is not an environment suite; suites: "
+            f"{', '.join(f'{s}:GAME' for s in SUITES)}; built-in environments: {', '.join(names())}."
+            + did_you_mean(suite, SUITES, shown=lambda s: f"{s}:{game}")
+        )
     module_name, extra = SUITES[suite]
     try:
         module = importlib.import_module(module_name)

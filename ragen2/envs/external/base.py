@@ -10,13 +10,14 @@ the episode, and the info dict.
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import ClassVar
 
 import gymnasium as gym
 
 from ragen2.envs.base import TextEnv
-from ragen2.errors import ConfigError
+from ragen2.errors import ConfigError, UnknownNameError, did_you_mean
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,17 @@ class Outcome:
     reward: float
     done: bool
     success: bool
+
+
+def unknown_game(suite: str, game: str, problem: str, known: Iterable[str]) -> UnknownNameError:
+    """The error for a game `suite` does not have: `problem` (with the choices) and the closest `known` games.
+
+    An UnknownNameError, not a ConfigError: config validation reports a ConfigError raised while
+    building the environment as a bad env.kwargs, and this is a bad env.name.
+    """
+    return UnknownNameError(
+        f"env.name='{suite}:{game}': {problem}." + did_you_mean(game, known, shown=lambda g: f"{suite}:{g}")
+    )
 
 
 def action_key(text: str) -> str:

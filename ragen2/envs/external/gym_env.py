@@ -16,7 +16,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from ragen2.envs.external.base import ExternalEnv, Outcome
+from ragen2.envs.external.base import ExternalEnv, Outcome, unknown_game
 from ragen2.errors import ConfigError
 
 
@@ -96,7 +96,9 @@ class GymnasiumEnv(ExternalEnv):
 
     def __init__(self, env_id: str, max_actions: int = 100, **gym_kwargs: Any) -> None:
         if env_id not in gym.registry:
-            raise ConfigError(f"gym:{env_id} is not a registered Gymnasium environment")
+            raise unknown_game("gym", env_id, f"{env_id} is not a registered Gymnasium environment; with text "
+                               f"renderers: {', '.join(RENDERERS)} (any other registered id with a Discrete "
+                               "action space plays with numbered actions)", gym.registry)
         spec = gym.registry[env_id]
         renderer = RENDERERS.get(env_id)
         modes = spec.kwargs.get("render_modes") or getattr(gym.envs.registration.load_env_creator(spec.entry_point),

@@ -26,7 +26,7 @@ import numpy as np
 import textarena as ta
 from textarena.envs.registration import ENV_REGISTRY
 
-from ragen2.envs.external.base import ExternalEnv, Outcome
+from ragen2.envs.external.base import ExternalEnv, Outcome, unknown_game
 from ragen2.envs.sokoban import SokobanEnv
 from ragen2.errors import ConfigError
 
@@ -326,7 +326,8 @@ class TextArenaEnv(ExternalEnv):
         if base in UNAVAILABLE:
             raise ConfigError(f"textarena:{game} does not play offline: {UNAVAILABLE[base]}")
         if base not in GAMES or game not in ENV_REGISTRY:
-            raise ConfigError(f"textarena:{game} is not an adapted game; adapted: {', '.join(game_ids())}")
+            raise unknown_game("textarena", game, f"{game} is not an adapted TextArena game; adapted: "
+                               f"{', '.join(game_ids())}", game_ids())
         if opponent not in OPPONENTS:
             raise ConfigError(f"opponent={opponent!r} is not allowed: use one of {', '.join(OPPONENTS)}")
         self.spec = GAMES[base]

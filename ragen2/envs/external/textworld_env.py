@@ -21,7 +21,7 @@ import textworld
 import textworld.challenges
 from textworld.generator import compile_game
 
-from ragen2.envs.external.base import ExternalEnv, Outcome
+from ragen2.envs.external.base import ExternalEnv, Outcome, unknown_game
 from ragen2.errors import ConfigError
 
 # ragen2's names for TextWorld's challenges.
@@ -111,7 +111,8 @@ class TextWorldEnv(ExternalEnv):
 
     def __init__(self, challenge: str, max_actions: int = 50, **settings: Any) -> None:
         if challenge not in CHALLENGES:
-            raise ConfigError(f"textworld:{challenge} is not a TextWorld challenge; challenges: {', '.join(CHALLENGES)}")
+            raise unknown_game("textworld", challenge, f"{challenge} is not a TextWorld challenge; challenges: "
+                               f"{', '.join(CHALLENGES)}", CHALLENGES)
         super().__init__(max_actions)
         self.challenge = challenge
         self.settings = _settings(challenge, settings)
