@@ -93,13 +93,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.out and Path(args.out).suffix == ".json":
         raise Ragen2Error(f"--out {args.out}: --out is a directory (it gets eval.json, transcripts.txt and "
                           f"rollouts.jsonl); e.g. --out {Path(args.out).with_suffix('')}")
-    from ragen2.evaluate import evaluate_cli
-    from ragen2.models.loading import check_model_path
+    from ragen2.models.hub import check_model_name
 
     model = args.model
     latest = Path(model) / "checkpoints" / "latest"
     if latest.is_file():  # a run directory: its latest checkpoint
         model = str(Path(model) / "checkpoints" / latest.read_text().strip())
+    check_model_name(model, f"model {model}")  # a mistyped hub name fails before torch loads
+    from ragen2.evaluate import evaluate_cli
+    from ragen2.models.loading import check_model_path
+
     check_model_path(model, f"model {model}")  # before the model loads, with the file that is wrong
     result = evaluate_cli(
         model=model,
@@ -146,6 +149,9 @@ def cmd_train(args: argparse.Namespace) -> int:
             )
         config = load_config(preset, overrides)
         logging.getLogger("ragen2").info("preset %s", preset or "sokoban (the default)")
+    from ragen2.models.hub import check_model_name
+
+    check_model_name(config.model.path, f"model.path={config.model.path}")
     from ragen2.rl.trainer import train  # after the config is checked: a bad one is refused in well under a second
 
     summary = train(config, resume_dir=Path(args.resume) if args.resume else None)
@@ -201,7 +207,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         csv_path, md_path = write_tables(Path(args.out or Path("sweeps") / Path(args.spec).stem))
         print(f"wrote {csv_path} and {md_path}")
         return 0
-    seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
+    try:
+        seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
+    except ValueError:
+        raise Ragen2Error(f"--seeds {args.seeds}: give integers separated by commas, e.g. --seeds 0,1,2") from None
     actions = run_sweep(Path(args.spec), Path(args.out) if args.out else None, jobs=args.jobs,
                         threads=args.threads, dry_run=args.dry_run, overrides=args.overrides, seeds=seeds)
     for name, action in actions.items():
@@ -247,12 +256,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "train",
         help="Run multi-turn RL (default: tiny policy on Sokoban).",
-        description="Run multi-turn RL. PRESET is ENV or ENV-ALGO (e.g. frozenlake-ppo); "
-        "then any number of key=value overrides.",
+        description=(
+            "Run multi-turn RL. PRESET is ENV, ENV-ALGO or ENV-ALGO-FILTER (e.g. frozenlake, frozenlake-ppo,\n"
+            "sokoban-grpo-nofilter), or a YAML file; then any number of key=value overrides.\n"
+            "  ENV     a built-in environment (bandit, code, countdown, frozenlake, math, searchqa, sokoban,\n"
+            "          webshop) or a suite's game (textarena:TowerOfHanoi-v0, gym:FrozenLake-v1, textworld:...)\n"
+            "  ALGO    ppo, grpo, drgrpo, dapo, rloo or reinforce_pp\n"
+            "  FILTER  paper (the paper's SNR-aware filter) or nofilter"
+        ),
         epilog=TRAIN_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("preset", nargs="?", help="ENV, ENV-ALGO or a path to a YAML file.")
+    p.add_argument("preset", nargs="?", help="ENV, ENV-ALGO, ENV-ALGO-FILTER or a path to a YAML file.")
     p.add_argument("overrides", nargs="*", help="Dotted overrides, e.g. algo.name=ppo filter.value=0.9.")
     p.add_argument("--resume", metavar="RUN_DIR",
                    help="Continue a run from its last checkpoint, with its saved config; trainer.total_steps=N "

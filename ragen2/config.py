@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -349,7 +350,14 @@ class LoggingConfig:
     tensorboard: bool = _f(True, "Write TensorBoard event files.")
     wandb: bool = _f(False, "Log to Weights & Biases (when installed).")
     wandb_project: str = _f("ragen2", "W&B project name.")
-    progress: bool = _f(True, "Show a live progress bar.")
+    progress: bool = _f(
+        True, "Show progress: a live bar on a terminal; off one (a log file), a line per step at the latest "
+        "every 10 steps, with the time left.",
+    )
+    progress_interval_s: float = _f(
+        60.0, "Off a terminal, the longest the log stays silent: a step (or evaluation) running longer prints "
+        "a line saying what is under way and for how long.",
+    )
     sample_trajectories: int = _f(
         4,
         "Episodes written to rollouts/step_N.jsonl at each evaluation (held-out) and to "
@@ -453,6 +461,9 @@ def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
         if path in REMOVED_KEYS:
             raise ConfigError(f"config key {path!r} no longer exists: {REMOVED_KEYS[path]}")
         if key not in hints:
+            while isinstance(value, dict) and value:  # `trainr.total_steps=5` arrives as {trainr: {total_steps: 5}}
+                child, value = next(iter(value.items()))
+                path = f"{path}.{child}"
             valid = [f"{prefix}{n}" for n in names]
             raise ConfigError(f"unknown config key {path!r}." + did_you_mean(path, all_keys() or valid))
         tp = hints[key]
@@ -608,6 +619,36 @@ def load_config(preset: str | None = None, overrides: list[str] | None = None) -
 MAX_LR = 1.0
 
 
+# A step holds every episode's response tokens at once; 8 bytes a token (one int64 id) is a floor, as
+# the Python lists and tensors that hold them take several times that. Sizes whose floor exceeds the
+# machine's memory cannot fit, and were met as a silent hang (rollout.group_size=1000000000).
+TOKEN_BYTES_FLOOR = 8
+# More steps than any run takes (10^7 steps of 1 s is four months): a larger count is a typo, and it
+# would stretch a decaying learning-rate schedule to nothing.
+MAX_TOTAL_STEPS = 10**7
+
+
+def check_sizes(config: Config, memory_bytes: int | None = None) -> None:
+    """Refuse a step or evaluation whose episodes cannot fit in memory, and absurd step counts."""
+    r, t = config.rollout, config.trainer
+    if t.total_steps > MAX_TOTAL_STEPS:
+        raise ConfigError(f"trainer.total_steps={t.total_steps:,} is more than any run takes; use at most "
+                          f"{MAX_TOTAL_STEPS:,} (10^7 steps of one second each run for four months)")
+    memory = memory_bytes or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    sizes = [("rollout.num_groups x rollout.group_size", r.num_groups * r.group_size, "episodes a step")]
+    if t.eval_every > 0:
+        sizes.append(("trainer.eval_episodes", t.eval_episodes, "episodes an evaluation"))
+    for keys, episodes, what in sizes:
+        floor = episodes * r.max_turns * r.max_tokens_per_turn * TOKEN_BYTES_FLOOR
+        if floor > memory:
+            raise ConfigError(
+                f"{keys} = {episodes:,} {what}, each up to rollout.max_turns x rollout.max_tokens_per_turn = "
+                f"{r.max_turns} x {r.max_tokens_per_turn} tokens: their token ids alone need at least "
+                f"{floor / 2**30:,.0f} GiB, more than this machine's {memory / 2**30:,.0f} GiB. Use fewer "
+                f"(the reference uses 128 x 16 = 2,048 episodes a step and 512 held-out ones)"
+            )
+
+
 def validate(config: Config) -> None:
     """Refuse settings that cannot work, with the reason, before any work starts."""
     from ragen2 import envs
@@ -649,6 +690,10 @@ def validate(config: Config) -> None:
                 "weights); fine-tuning uses about 1e-6 to 1e-3, the tiny policy 1e-4 to 1e-3"
             )
     t = config.trainer
+    check_sizes(config)
+    if not config.logging.progress_interval_s > 0:
+        raise ConfigError(f"logging.progress_interval_s={config.logging.progress_interval_s} is not allowed: "
+                          "use a number of seconds > 0 (default 60)")
     if t.eval_every > 0 and t.eval_episodes < 1:
         raise ConfigError(
             f"trainer.eval_episodes={t.eval_episodes} is not allowed while evaluation is on "
@@ -702,6 +747,11 @@ def config_from_file(path: Path) -> Config:
     return config
 
 
+def _cell(text: str) -> str:
+    """Text for a Markdown table cell: `|` escaped (GitHub renders `\\|` as `|`, code spans included)."""
+    return text.replace("|", "\\|")
+
+
 def config_markdown() -> str:
     """docs/config.md, generated from the dataclasses so it never drifts from the code."""
     lines = [
@@ -715,7 +765,7 @@ def config_markdown() -> str:
         "| key | default | meaning |",
         "|---|---|---|",
     ]
-    lines += [f"| `{k}` | `{d}` | {h.replace('|', '/')} |" for k, d, h in describe()]
+    lines += [f"| `{k}` | `{d}` | {_cell(h)} |" for k, d, h in describe()]
     return "\n".join(lines) + "\n"
 
 

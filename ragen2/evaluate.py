@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import re
 import time
@@ -24,11 +25,14 @@ from ragen2.agent.backends import HFBackend
 from ragen2.agent.rollout import RolloutConfig, rollout, summarize
 from ragen2.agent.types import Trajectory, Turn
 from ragen2.errors import ConfigError
+from ragen2.progress import heartbeat
 from ragen2.tracking import METRICS_FILE, read_metrics
 from ragen2.verdict import LEARNED, VS_RANDOM, binomial_se, verdict
 
 if TYPE_CHECKING:
     from ragen2.config import Config, EnvConfig
+
+log = logging.getLogger(__name__)
 
 
 def evaluate(
@@ -303,7 +307,8 @@ def evaluate_cli(
     rows = {}
     seed = config.trainer.seed  # the same command gives the same episodes (trainer.seed=N for others)
     torch.manual_seed(seed)
-    metrics, trajectories = evaluate(policy, tokenizer, env_name, config.env.kwargs, cfg, episodes)
+    with heartbeat(f"evaluating {model} on {episodes} {env_name} episodes", log.info):
+        metrics, trajectories = evaluate(policy, tokenizer, env_name, config.env.kwargs, cfg, episodes)
     rows["policy"] = metrics
     if compare_random:
         rows["uniform-random"] = random_agent(env_name, config.env.kwargs, episodes, cfg, seed=seed)

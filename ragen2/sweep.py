@@ -138,7 +138,14 @@ class Spec:
 def load_spec(path: Path) -> Spec:
     """Parse and check a sweep spec; errors name the spec file and the offending entry."""
     path = Path(path)
-    data = yaml.safe_load(path.read_text()) or {}
+    if not path.is_file():
+        specs = sorted(str(p) for p in Path("experiments").glob("*.yaml"))
+        raise ConfigError(f"sweep spec {path} does not exist" + (f"; specs in experiments/: {', '.join(specs)}."
+                                                                  + did_you_mean(str(path), specs) if specs else ""))
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path} is not valid YAML: {' '.join(str(e).split())}") from e
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a sweep spec is a mapping with keys {', '.join(SPEC_KEYS)}")
     for key in data:

@@ -16,7 +16,6 @@ import json
 import logging
 import math
 import os
-import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -285,79 +284,3 @@ def _start_wandb(wandb: Any, run_dir: Path, config: Mapping[str, Any], project: 
     return wandb.init(
         project=project, name=run_dir.name, id=run_id, resume="allow", dir=str(run_dir), config=dict(config)
     )
-
-
-class Progress:
-    """Training progress for the console: a live rich bar on a terminal, plain lines elsewhere.
-
-    On an interactive terminal it shows a bar over `total` steps with the latest values of the
-    fields the trainer passes (reward, success, entropy, ...). When the output is not a terminal
-    (a log file, CI, `nohup`), a redrawn bar would fill the log with control codes, so it prints
-    one summary line every `every` steps and at the last step instead. `enabled=False` is silent.
-    """
-
-    def __init__(
-        self, total: int, enabled: bool = True, every: int = 10, start: int = 0, file: TextIO | None = None
-    ) -> None:
-        from rich.console import Console
-
-        self.total = int(total)
-        self.every = max(1, int(every))
-        self.enabled = enabled
-        self._file = file if file is not None else sys.stdout
-        self._start_time = time.monotonic()
-        self._start_step = int(start)
-        self._bar: Any = None
-        console = Console(file=self._file)
-        if enabled and console.is_interactive:
-            from rich.live import Live
-            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
-            from rich.progress import Progress as RichProgress
-            from rich.progress import TimeRemainingColumn
-
-            self._bar = RichProgress(
-                TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                TimeRemainingColumn(),
-            )
-            self._task = self._bar.add_task("train", total=self.total, completed=self._start_step)
-            self._live = Live(self._bar, console=console, refresh_per_second=4)
-            self._live.start()
-
-    def update(self, step: int, **fields: float | None) -> None:
-        """Report that `step` (1-based count of finished steps) is done, with its field values."""
-        if not self.enabled:
-            return
-        items = [f"{name} {_format_value(value)}" for name, value in fields.items()]
-        summary = "  ".join(items)
-        if self._bar is not None:
-            from rich.columns import Columns
-            from rich.console import Group
-
-            self._bar.update(self._task, completed=step)
-            # The fields go below the bar, as columns that wrap whole: a narrow terminal does not cut them off.
-            self._live.update(Group(self._bar, Columns(items, padding=(0, 2))))
-        elif step % self.every == 0 or step == self.total:
-            done = step - self._start_step
-            per_step = (time.monotonic() - self._start_time) / done if done > 0 else float("nan")
-            print(f"step {step}/{self.total}  {summary}  ({per_step:.2f} s/step)", file=self._file, flush=True)
-
-    def close(self) -> None:
-        """Stop the live bar (leaving its last state on screen). Safe to call twice."""
-        if self._bar is not None:
-            self._live.stop()
-            self._bar = None
-
-    def __enter__(self) -> Progress:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-
-def _format_value(value: float | None) -> str:
-    """Four significant digits; '-' for a value not measured this step."""
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "-"
-    return f"{value:.4g}"

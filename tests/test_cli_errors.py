@@ -112,7 +112,7 @@ def test_a_model_that_fails_to_load_leaves_no_run_dir(capsys, tmp_path):
 
 
 def test_a_hub_name_is_not_mistaken_for_a_missing_path(monkeypatch):
-    monkeypatch.setattr("ragen2.models.loading.hub_unreachable", lambda: None)  # online: the hub decides
+    monkeypatch.setattr("ragen2.models.hub.hub_unreachable", lambda: None)  # online: the hub decides
     check_model_path("Qwen/Qwen2.5-0.5B-Instruct")  # its dots once read as a file suffix: "does not exist"
     check_model_path("gpt2")
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import ragen2
@@ -30,7 +32,7 @@ def test_train_prints_a_short_header_its_skipped_steps_and_no_library_noise(tmp_
     err = done.stderr
     header = [line for line in err.splitlines() if f"run {run_dir}:" in line]
     assert len(header) == 1 and "bandit, ppo, filter top_p 0; model " in header[0]
-    assert "2 steps of 2 groups x 2" in header[0]
+    assert "2 steps of 2 groups x 2 episodes" in header[0]
     assert f"config: {run_dir / 'config.yaml'}" in err
     for step in (1, 2):  # printed as they happen, not only written to events.jsonl
         assert f"step {step} skipped: no group kept" in err
@@ -59,3 +61,32 @@ def test_help_and_a_refused_config_import_neither_torch_nor_transformers():
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_off_a_terminal_a_slow_run_prints_every_step(tmp_path, save_random_policy):
+    """With stdout a pipe (a log file, CI), steps slower than logging.progress_interval_s each get a line."""
+    policy = tmp_path / "policy"
+    save_random_policy(policy)
+    command = [
+        sys.executable, "-m", "ragen2", "train", "bandit", f"model.path={policy}", "model.device=cpu",
+        f"trainer.run_dir={tmp_path / 'run'}", "rollout.num_groups=2", "rollout.group_size=2",
+        "rollout.max_tokens_per_turn=8", "trainer.total_steps=3", "trainer.eval_every=0", "early_stop.eval_floor=false",
+        "logging.tensorboard=false", "logging.progress_interval_s=0.01",
+    ]
+    done = subprocess.run(command, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stdout.splitlines() if line.startswith("step ") and "s/step" in line]
+    assert [line.split()[1] for line in lines] == ["1/3", "2/3", "3/3"], done.stdout
+
+
+def test_train_help_names_every_environment_and_algorithm():
+    from ragen2.cli import build_parser
+    from ragen2.config import AlgoConfig
+    from ragen2.envs import names
+
+    train = build_parser()._subparsers._group_actions[0].choices["train"]
+    text = " ".join(train.format_help().split())
+    assert "ENV-ALGO-FILTER" in text and "paper" in text and "nofilter" in text
+    for name in [*names(), *typing.get_args(typing.get_type_hints(AlgoConfig)["name"])]:
+        assert re.search(rf"\b{name}\b", text), name

@@ -79,6 +79,19 @@ def test_bad_specs_refused(tmp_path, spec, message):
         sweep.load_spec(write_spec(tmp_path / "bad.yaml", spec))
 
 
+def test_a_missing_or_malformed_spec_is_a_one_line_error(tmp_path, capsys):
+    from ragen2.cli import main
+
+    assert main(["sweep", str(tmp_path / "nope.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: sweep spec {tmp_path / 'nope.yaml'} does not exist") and err.count("\n") == 1
+    (tmp_path / "broken.yaml").write_text("axes: [\n")
+    assert main(["sweep", str(tmp_path / "broken.yaml")]) == 2
+    assert "is not valid YAML" in capsys.readouterr().err
+    assert main(["sweep", str(write_spec(tmp_path / "s.yaml", {"preset": "bandit"})), "--seeds", "a"]) == 2
+    assert "--seeds a: give integers separated by commas" in capsys.readouterr().err
+
+
 def test_unknown_config_key_fails_before_anything_runs(tmp_path):
     spec = write_spec(tmp_path / "typo.yaml", {"preset": "bandit", "axes": {"algo.kl_coeff": [0.0, 0.1]}})
     with pytest.raises(ConfigError, match=r"unknown config key 'algo.kl_coeff'.*algo.kl_coef"):

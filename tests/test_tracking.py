@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-import io
 import json
 import math
-import os
-import pty
-import re
-import select
 import sys
 import time
 import types
@@ -20,7 +15,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from ragen2.errors import ConfigError
-from ragen2.tracking import Progress, Tracker, read_events, read_metrics
+from ragen2.tracking import Tracker, read_events, read_metrics
 
 
 def _scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
@@ -192,50 +187,3 @@ def test_wandb_receives_finite_metrics_and_keeps_its_run_id(tmp_path: Path, monk
     assert kwargs["config"] == {"algo": {"name": "grpo"}}
     assert calls[1:] == [("log", (1, {"train/kl": 0.5})), ("finish", None)]
     assert (tmp_path / "wandb_run_id.txt").read_text().strip() == "abc123"
-
-
-def test_progress_prints_plain_lines_when_not_a_terminal() -> None:
-    out = io.StringIO()
-    with Progress(total=5, every=2, file=out) as progress:
-        for step in range(1, 6):
-            progress.update(step, reward=step / 10, success=0.5, entropy=math.nan)
-    lines = out.getvalue().splitlines()
-    assert [line.split()[1] for line in lines] == ["2/5", "4/5", "5/5"]
-    assert "reward 0.4  success 0.5  entropy -" in lines[1]
-
-
-def test_progress_disabled_prints_nothing() -> None:
-    out = io.StringIO()
-    with Progress(total=3, enabled=False, every=1, file=out) as progress:
-        for step in range(1, 4):
-            progress.update(step, reward=1.0)
-    assert out.getvalue() == ""
-
-
-def test_progress_on_a_narrow_terminal_keeps_every_field_whole(monkeypatch: pytest.MonkeyPatch) -> None:
-    """On a 40-column terminal the bar fits and the fields wrap below it, each name with its value."""
-    monkeypatch.setenv("COLUMNS", "40")
-    monkeypatch.delenv("TERM", raising=False)
-    master, slave = pty.openpty()
-    with os.fdopen(slave, "w") as terminal, Progress(total=2, file=terminal) as progress:
-        assert progress._bar is not None  # a terminal gets the live bar, not summary lines
-        for step in (1, 2):
-            progress.update(step, reward=7.725, success=0.75, entropy=0.06652, eval_success=0.5)
-    screen = b""
-    while select.select([master], [], [], 0.2)[0]:
-        try:
-            chunk = os.read(master, 65536)
-        except OSError:  # the terminal's other end is closed: everything has been read
-            break
-        if not chunk:
-            break
-        screen += chunk
-    os.close(master)
-    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.decode())
-    last = [line.rstrip() for line in text.replace("\r", "\n").splitlines() if line.strip()][-3:]
-    assert last[0].startswith("train ") and "2/2" in last[0]
-    assert all(len(line) <= 40 for line in last)
-    fields = " ".join(last[1:]).split()
-    assert fields == ["reward", "7.725", "success", "0.75", "entropy", "0.06652", "eval_success", "0.5"]
-    assert any(line.split()[:2] == ["eval_success", "0.5"] or line.split()[-2:] == ["eval_success", "0.5"]
-               for line in last[1:])

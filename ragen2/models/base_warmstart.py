@@ -33,6 +33,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ragen2.errors import ConfigError
 from ragen2.models.demos import PRETRAINED_ORACLES
+from ragen2.models.lora import add_lora
+from ragen2.progress import heartbeat
 from ragen2.models.warmstart import (
     INFO_FILE,
     WarmStartConfig,
@@ -141,10 +143,7 @@ def _build_base(config: BaseWarmStartConfig, out: Path, device: str) -> None:
     evaluation = {env: {"before": _evaluate(model, tokenizer, env, config)} for env in demos_config.envs}
     policy = model
     if config.lora_rank:
-        from peft import LoraConfig, get_peft_model
-
-        lora = LoraConfig(r=config.lora_rank, lora_alpha=2 * config.lora_rank, lora_dropout=0.0, target_modules="all-linear")
-        model = get_peft_model(model, lora)
+        model = add_lora(model, config.lora_rank, 2 * config.lora_rank, "all-linear")
         policy = model.get_base_model()  # the base with the adapters injected: what `sft` trains
     sft_start = time.perf_counter()
     losses = sft(policy, tokenizer, samples, env_of_sample, demos_config, rng)
@@ -196,9 +195,12 @@ def _evaluate(
     else:
         torch.manual_seed(config.demos.seed)
         start = time.perf_counter()
-        metrics, trajectories = evaluate(model, tokenizer, env, preset.env.kwargs, cfg, n)
+        with heartbeat(f"warm start: evaluating on {n} {env} episodes", log.info):
+            metrics, trajectories = evaluate(model, tokenizer, env, preset.env.kwargs, cfg, n)
         turns = sum(len(t.turns) for t in trajectories)
-        log.info("warm start: %s evaluated on %d episodes in %.0fs: %s", env, n, time.perf_counter() - start, metrics)
+        log.info("warm start: %s evaluated on %d episodes in %.0fs: success %.3f ± %.3f, valid format %.3f, "
+                 "return %.3f", env, n, time.perf_counter() - start, metrics["eval/success_rate"],
+                 metrics["eval/success_stderr"], metrics["eval/valid_format_rate"], metrics["eval/return_mean"])
     fmt = metrics["eval/valid_format_rate"]
     return {
         "episodes": n,

@@ -23,11 +23,12 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-
-import torch
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
 
 from ragen2.errors import ConfigError
+
+if TYPE_CHECKING:  # torch and transformers load on conversion only: name checks stay fast
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +131,7 @@ def convert(file: Path, out: Path, what: str) -> None:
     logits. The generation config stops at the template's end-of-turn token too, where it is
     not the EOS token, so a rollout's turn ends where the chat template ends it.
     """
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:

@@ -402,8 +402,8 @@ def sft(
         losses.append(loss.item())
         if (step + 1) % min(100, max(1, config.steps // 10)) == 0 or step == config.steps - 1:
             log.info(
-                "warm start: step %d/%d loss %.4f (mean of the last 100) lr %.2e (%.0fs)",
-                step + 1, config.steps, np.mean(losses[-100:]), _lr_at(step, config), time.perf_counter() - start,
+                "warm start: step %d/%d loss %.4f (mean of the last %d steps) lr %.2e (%.0fs)", step + 1, config.steps,
+                np.mean(losses[-100:]), len(losses[-100:]), _lr_at(step, config), time.perf_counter() - start,
             )
     model.eval()
     return losses

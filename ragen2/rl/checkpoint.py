@@ -160,7 +160,7 @@ def load_checkpoint(run_dir: Path) -> Checkpoint:
         # torch's own message (e.g. advice about weights_only) would mislead here; it stays chained.
         raise CheckpointError(
             f"checkpoint {path / STATE_FILE} cannot be read ({type(e).__name__}): it is corrupt or truncated; "
-            + _resume_fix(root, step)
+            + resume_fix(root, step)
         ) from e
     if not isinstance(state, dict) or state.get("step") != step:
         raise CheckpointError(
@@ -168,7 +168,7 @@ def load_checkpoint(run_dir: Path) -> Checkpoint:
             f"(found step {state.get('step') if isinstance(state, dict) else None!r})"
         )
     # After the reads above, whose messages say more about a file that does not even parse.
-    _verify_checksums(path, _resume_fix(root, step))
+    _verify_checksums(path, resume_fix(root, step))
     return Checkpoint(path=path, step=step, state=state)
 
 
@@ -204,7 +204,7 @@ def _verify_checksums(path: Path, fix: str) -> None:
             )
 
 
-def _resume_fix(root: Path, step: int) -> str:
+def resume_fix(root: Path, step: int) -> str:
     """What to do about a broken step_<step>: the earlier complete checkpoints `latest` can name instead."""
     steps = (int(p.name[5:]) for p in root.glob("step_*") if p.name[5:].isdigit() and (p / STATE_FILE).is_file())
     earlier = sorted((s for s in steps if s < step), reverse=True)

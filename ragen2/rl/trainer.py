@@ -32,6 +32,7 @@ float rounding (ragen2.rl.distributed, docs/scaling.md).
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import logging
 import math
@@ -67,6 +68,8 @@ from ragen2.errors import CheckpointError, ConfigError, DivergedError
 from ragen2.evaluate import evaluate, write_rollout_records
 from ragen2.filtering import group_stats, loss_scale, select_groups, select_trajectories
 from ragen2.models.loading import check_model_dir, check_model_path, load_policy, resolve_device, resolve_model_path
+from ragen2.models.lora import add_lora
+from ragen2.progress import Progress
 from ragen2.rl import distributed, fsdp
 from ragen2.rl.advantages import (
     broadcast_to_tokens,
@@ -78,14 +81,22 @@ from ragen2.rl.advantages import (
     rloo_advantages,
 )
 from ragen2.rl.batch import Batch, build_batch, response_logits
-from ragen2.rl.checkpoint import LATEST, STATE_FILE, Checkpoint, load_checkpoint, mark_latest, save_checkpoint, set_rng_state
+from ragen2.rl.checkpoint import (
+    Checkpoint,
+    load_checkpoint,
+    mark_latest,
+    resume_fix,
+    save_checkpoint,
+    set_rng_state,
+)
 from ragen2.rl.critic import critic_values, load_critic
 from ragen2.rl.guards import EarlyStopGuards
 from ragen2.rl.losses import (
     aggregate, entropy_from_logits, kl_penalty, policy_loss, token_logprobs, token_logprobs_and_entropy, value_loss,
 )
+from ragen2.rl.run_lock import RunLock
 from ragen2.rl.summary import summary_table
-from ragen2.tracking import Progress, Tracker
+from ragen2.tracking import Tracker
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +143,10 @@ class Run:
     backend: GenerationBackend | None = None  # rollout engine, built at the first rollout (make_backend)
     # model.fsdp: the sharded copy that trains; `policy` is then its full replica for everything else
     trainee: torch.nn.Module | None = None
+    lock: RunLock | None = None  # held by rank 0 while the run trains: one process per run directory
+    # The diagnostics' state (MI EMAs, alarm) as of `step`: a step cut off by Ctrl-C after its check
+    # has already moved the live state, and the checkpoint written then must not include that move.
+    diagnostics_at_step: dict | None = None
 
 
 def train(config: Config, resume_dir: Path | None = None) -> str:
@@ -150,20 +165,33 @@ def train(config: Config, resume_dir: Path | None = None) -> str:
         validate(config)
     with distributed.process_group(resolve_device(config.model.device).type):
         run = setup(config, resume_dir)
-        _train_loop(run)
-        return summary_table(run) if distributed.is_main() else ""
+        try:
+            _train_loop(run)
+            return summary_table(run) if distributed.is_main() else ""
+        finally:
+            if run.lock is not None:
+                run.lock.release()
 
 
 def _train_loop(run: Run) -> None:
     total = run.config.trainer.total_steps
     show = run.config.logging.progress and distributed.is_main()
-    with run.tracker, _Interrupts() as interrupts, Progress(total, show, start=run.step) as progress:
+    interval = run.config.logging.progress_interval_s
+    progress = Progress(total, show, start=run.step, interval_s=interval)
+    with run.tracker, _Interrupts() as interrupts, progress:
         try:
+            run.diagnostics_at_step = copy.deepcopy(run.diagnostics.state_dict())
+            if run.step >= total and distributed.is_main():
+                log.warning("%s finished at step %d: nothing left to train. To extend it: `ragen2 train --resume "
+                            "%s trainer.total_steps=%d` (any number above %d)", run.run_dir, run.step, run.run_dir,
+                            2 * total, run.step)
             if run.step == 0 and run.config.trainer.eval_every > 0:
+                progress.doing("initial evaluation (step 0)")
                 initial_evaluation(run)
             for step in range(run.step + 1, total + 1):
                 if run.stop_reason:
                     break
+                progress.doing(f"step {step}/{total}")
                 metrics = training_step(run, step, interrupts)
                 progress.update(
                     step,
@@ -234,6 +262,7 @@ def training_step(run: Run, step: int, interrupts: _Interrupts) -> dict[str, flo
                 mark_latest(run.run_dir, step)
             run.saved_step = step
         run.step, run.clean = step, True
+        run.diagnostics_at_step = copy.deepcopy(run.diagnostics.state_dict())
     return metrics
 
 
@@ -637,6 +666,8 @@ def on_interrupt(run: Run) -> None:
         log.warning("interrupted: with model.fsdp the optimizer state is sharded and gathering it needs every "
                     "process, so the latest checkpoint (step %d) stands", run.saved_step)
     elif run.step > run.saved_step:
+        if run.diagnostics_at_step is not None:  # undo the cut-off step's check, which a resume redoes
+            run.diagnostics.load_state_dict(run.diagnostics_at_step)
         if distributed.is_main():  # no collective here: the other ranks may be stopped anywhere
             _save(run, run.step)
             mark_latest(run.run_dir, run.step)
@@ -662,24 +693,37 @@ def setup(config: Config, resume_dir: Path | None = None) -> Run:
     if config.model.fsdp and distributed.world_size() < 2:
         raise ConfigError("model.fsdp=true shards over several processes: launch with torchrun or accelerate "
                           "(docs/scaling.md), or set model.fsdp=false for one process")
-    checkpoint = load_checkpoint(resume_dir) if resume_dir is not None else None
-    if checkpoint is not None and checkpoint.step > config.trainer.total_steps:
-        raise ConfigError(f"trainer.total_steps={config.trainer.total_steps} is below the step of the checkpoint "
-                          f"to resume ({checkpoint.path}, step {checkpoint.step}): give a larger value")
-    # Files are checked before a run directory exists: a run that cannot start leaves nothing behind.
-    if checkpoint is not None:
-        _check_checkpoint_models(checkpoint, config)
-    g = config.grad_snr
-    if checkpoint is None or config.model.lora_rank > 0 or config.algo.kl_coef > 0 or (g.enable and g.kl_reference):
-        check_model_path(config.model.path)  # the weights load from model.path: the policy, LoRA's base, the reference
-    distributed.on_main(lambda: resolve_model_path(config.model.path))  # a tiny policy is built once, not per rank
-    fresh = resume_dir is None and not (config.trainer.run_dir and Path(config.trainer.run_dir).exists())
-    runs_made = fresh and not config.trainer.run_dir and not Path("runs").exists()
-    run_dir = Path(resume_dir) if resume_dir is not None else distributed.on_main(lambda: _new_run_dir(config))
-    config = dataclasses.replace(config, trainer=dataclasses.replace(config.trainer, run_dir=str(run_dir)))
+    # A resume locks first, so that nothing is read while another process may be writing.
+    lock = RunLock(resume_dir).acquire() if resume_dir is not None and distributed.is_main() else None
+    fresh = runs_made = False
     try:
-        return _build_run(config, run_dir, checkpoint)
+        checkpoint = load_checkpoint(resume_dir) if resume_dir is not None else None
+        if checkpoint is not None and checkpoint.step > config.trainer.total_steps:
+            raise ConfigError(f"trainer.total_steps={config.trainer.total_steps} is below the step of the checkpoint "
+                              f"to resume ({checkpoint.path}, step {checkpoint.step}): give a larger value")
+        # Files are checked before a run directory exists: a run that cannot start leaves nothing behind.
+        if checkpoint is not None:
+            _check_checkpoint_models(checkpoint, config)
+        g = config.grad_snr
+        if checkpoint is None or config.model.lora_rank > 0 or config.algo.kl_coef > 0 or (g.enable and g.kl_reference):
+            check_model_path(config.model.path)  # weights load from model.path: the policy, LoRA's base, the reference
+        distributed.on_main(lambda: resolve_model_path(config.model.path))  # a tiny policy is built once, not per rank
+        if resume_dir is None:
+            new_dir = not (config.trainer.run_dir and Path(config.trainer.run_dir).exists())
+            made_runs = new_dir and not config.trainer.run_dir and not Path("runs").exists()
+            run_dir = distributed.on_main(lambda: _new_run_dir(config))
+            if distributed.is_main():  # refused here, the directory is another process's: it is left as it is
+                lock = RunLock(run_dir).acquire()
+            fresh, runs_made = new_dir, made_runs
+        else:
+            run_dir = Path(resume_dir)
+        config = dataclasses.replace(config, trainer=dataclasses.replace(config.trainer, run_dir=str(run_dir)))
+        run = _build_run(config, run_dir, checkpoint)
+        run.lock = lock
+        return run
     except BaseException:
+        if lock is not None:
+            lock.release()
         if fresh and distributed.is_main():  # it holds only config.yaml (and maybe an empty log): remove it
             shutil.rmtree(run_dir, ignore_errors=True)
             if runs_made:
@@ -747,20 +791,22 @@ def run_header(config: Config, run_dir: Path, device: torch.device) -> str:
     filtering = "none" if f.strategy == "none" else f"{f.strategy} {f.value:g}"
     filtering += "" if f.include_zero else " (zero-variance groups dropped)"
     lora = f", LoRA rank {m.lora_rank}" if m.lora_rank > 0 else ""
-    steps = f"{config.trainer.total_steps} steps of {r.num_groups} groups x {r.group_size}"
+    steps = (f"{_count(config.trainer.total_steps, 'step')} of {_count(r.num_groups, 'group')} x "
+             f"{_count(r.group_size, 'episode')}")
     return (f"run {run_dir}: {config.env.name}, {config.algo.name}, filter {filtering}; "
             f"model {m.path or 'tiny (built-in)'}{lora} on {device}; {steps}\n"
             f"  config: {run_dir / 'config.yaml'} (printed with -v)")
 
 
+def _count(n: int, noun: str) -> str:
+    """'1 step', '30 steps'."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _check_checkpoint_models(checkpoint: Checkpoint, config: Config) -> None:
     """Refuse a checkpoint whose policy (or critic) files are missing, truncated or corrupt, naming the
     file and the earlier checkpoint to resume from, as `load_checkpoint` does for trainer_state.pt."""
-    root = checkpoint.path.parent
-    steps = [int(p.name[5:]) for p in root.glob("step_*") if p.name[5:].isdigit() and (p / STATE_FILE).is_file()]
-    earlier = max((s for s in steps if s < checkpoint.step), default=None)
-    fix = (f"resume from an earlier checkpoint by writing its name (step_{earlier}, the one before) into "
-           f"{root / LATEST}" if earlier else "no earlier checkpoint is left: start the run again without --resume")
+    fix = resume_fix(checkpoint.path.parent, checkpoint.step)
     lora = config.model.lora_rank > 0
     check_model_dir(checkpoint.path, f"checkpoint {checkpoint.path}", fix, tokenizer=not lora, adapter=lora)
     if checkpoint.critic_path is not None:
@@ -793,15 +839,9 @@ def _load_trainable_policy(config: Config, device: torch.device, checkpoint) -> 
     m = config.model
     try:
         if m.lora_rank > 0:
-            from peft import LoraConfig, PeftModel, get_peft_model
-
             base, tokenizer = load_policy(m.path, m.device, m.dtype)
-            if checkpoint is not None:
-                policy = PeftModel.from_pretrained(base, checkpoint.path, is_trainable=True)
-            else:
-                lora = LoraConfig(r=m.lora_rank, lora_alpha=m.lora_alpha, target_modules=list(m.lora_target_modules),
-                                  task_type="CAUSAL_LM")
-                policy = get_peft_model(base, lora)
+            policy = add_lora(base, m.lora_rank, m.lora_alpha, list(m.lora_target_modules),
+                              saved=checkpoint.path if checkpoint is not None else None)
         else:
             policy, tokenizer = load_policy(str(checkpoint.path) if checkpoint else m.path, m.device, m.dtype)
     except (OSError, ValueError) as e:

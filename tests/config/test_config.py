@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from ragen2.config import Config, config_from_file, config_markdown, load_config, preset_names, save_config
+from ragen2.config import Config, check_sizes, config_from_file, config_markdown, load_config, preset_names, save_config
 from ragen2.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,6 +37,7 @@ def test_env_shorthand():
     "override, message",
     [
         ("algo.clip_hgh=0.3", "unknown config key 'algo.clip_hgh'. Did you mean: algo.clip_high"),
+        ("trainr.total_steps=5", "unknown config key 'trainr.total_steps'. Did you mean: trainer.total_steps"),
         ("algo.name=pppo", "allowed values: 'ppo', 'grpo'"),
         ("optim.lr=fast", "optim.lr='fast' must be a number"),
         ("rollout.group_size=1", "needs rollout.group_size >= 2"),
@@ -89,3 +90,23 @@ def test_removed_filter_eps_says_what_replaces_it():
     assert (c.filter.zero_tol, c.filter.selection_eps) == (0.1, 0.0)
     with pytest.raises(ConfigError, match=r"filter.selection_eps=-1.0 is not allowed: use a number >= 0"):
         load_config(None, ["filter.selection_eps=-1"])
+
+
+def test_sizes_that_cannot_fit_are_refused_before_anything_runs():
+    gib = 2**30
+    config = load_config(None, ["rollout.num_groups=4", "rollout.group_size=8", "rollout.max_turns=5",
+                                "rollout.max_tokens_per_turn=100", "trainer.eval_every=0"])
+    check_sizes(config, memory_bytes=gib)  # 32 x 5 x 100 tokens x 8 bytes: 128 kB
+    with pytest.raises(ConfigError, match=r"rollout.num_groups x rollout.group_size = 8,000,000,000 episodes a step"):
+        load_config(None, ["rollout.group_size=1000000000"])  # 28,610 GiB: more than any machine here
+    # 2**20 episodes of 5 x 96 tokens at 8 bytes: 3.75 GiB, over 2 GiB and under 8 GiB
+    held_out = load_config(None, ["trainer.eval_episodes=1048576", "rollout.max_tokens_per_turn=96"])
+    with pytest.raises(ConfigError, match=r"trainer.eval_episodes = 1,048,576 episodes an evaluation.*at least 4 GiB"):
+        check_sizes(held_out, memory_bytes=2 * gib)
+    check_sizes(held_out, memory_bytes=8 * gib)
+
+
+@pytest.mark.parametrize("steps", ["1000000000000", "1e12", "10**12"])
+def test_absurd_step_counts_are_refused_however_written(steps):
+    with pytest.raises(ConfigError, match="trainer.total_steps"):
+        load_config(None, [f"trainer.total_steps={steps}"])

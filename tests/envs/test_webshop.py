@@ -133,7 +133,7 @@ def test_navigation_pages_options_and_description():
     first_id = re.search(r"\[(B0\w+)\]", obs).group(1)
     obs = env.step(f"click[{first_id.lower()}]")[0]  # ids match ignoring case
     values = re.findall(r"^(\w+): (.*) \(chosen: none\)$", obs, flags=re.M)
-    dim, first_value = values[0][0], re.search(r"\[([^\]]+)\]", values[0][1]).group(1)
+    first_value = re.search(r"\[([^\]]+)\]", values[0][1]).group(1)
     obs = env.step(f"click[{first_value}]")[0]
     assert f"(chosen: {first_value})" in obs
     assert env.step("click[description]")[0].split("\n")[2].startswith("Description: The ")

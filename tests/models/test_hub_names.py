@@ -53,20 +53,15 @@ def test_cli_eval_of_a_mistyped_name_offline_fails_fast_in_one_line(tmp_path):
     cache.mkdir()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1",
            "HF_HUB_CACHE": str(cache)}
+    started = time.perf_counter()
     result = subprocess.run([sys.executable, "-m", "ragen2", "eval", "tyny", "--env", "bandit"], env=env, cwd=tmp_path,
                             capture_output=True, text=True, timeout=120)
+    elapsed = time.perf_counter() - started  # the whole command, interpreter start-up included
     err = result.stderr.strip().splitlines()
-    assert result.returncode == 2
+    assert result.returncode == 2 and elapsed < 3, elapsed
     assert len(err) == 1 and err[0].startswith("error: model tyny is not a local model"), err
     assert "Did you mean: tiny?" in err[0] and LOCAL_CHOICES in err[0]
     assert "Traceback" not in result.stderr and "Retrying" not in result.stderr  # no hub request was made
-
-
-def test_cli_eval_offline_fails_within_3_s_of_starting(offline, capsys):
-    started = time.perf_counter()
-    assert main(["eval", "tyny", "--env", "bandit"]) == 2
-    assert time.perf_counter() - started < 3
-    assert capsys.readouterr().err.strip().endswith("Did you mean: tiny?")
 
 
 def test_cli_train_offline_names_the_local_choices(offline, capsys, tmp_path):

@@ -11,3 +11,12 @@ def policy_dir(tmp_path_factory, save_random_policy) -> Path:
     path = tmp_path_factory.mktemp("policy")
     save_random_policy(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def small_bandit_policy(tmp_path_factory) -> Path:
+    """A small Bandit warm start that answers in format (10 to 13 s, built once per session): for tests
+    that need valid reasoning, such as the MI proxies, or a policy RL can improve quickly."""
+    from learning_helpers import SMALL_BANDIT_WARMSTART, warmstart_one_thread
+
+    return warmstart_one_thread(tmp_path_factory.mktemp("small-bandit"), **SMALL_BANDIT_WARMSTART)

@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from ragen2.agent.types import Trajectory, Turn
+from ragen2.agent.types import Trajectory
 from ragen2.config import AlgoConfig, Config, load_config
 from ragen2.errors import ConfigError
 from ragen2.rl import trainer
@@ -342,6 +342,7 @@ def test_lora_trains_only_the_adapters_and_round_trips(policy_dir, tmp_path):
     trainer.mark_latest(run_dir, 1)
     run.tracker.log(1, {"rollout/return_mean": 0.0})
     run.tracker.close()
+    run.lock.release()  # as `train` does on exit: the resume below takes the run directory over
     assert (run_dir / "checkpoints" / "step_1" / "adapter_model.safetensors").is_file()
     resumed = trainer.setup(config, resume_dir=run_dir)
     for name, p in _parameters(resumed.policy).items():
