@@ -483,6 +483,9 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
+    # huggingface_hub prints through a handler of its own; passed on to the root handler as well, each
+    # of its lines (a download retry, say) would print twice.
+    logging.getLogger("huggingface_hub").propagate = False
     try:
         return args.func(args)
     except Ragen2Error as e:

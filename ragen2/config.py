@@ -652,10 +652,12 @@ def check_sizes(config: Config, memory_bytes: int | None = None) -> None:
 def validate(config: Config) -> None:
     """Refuse settings that cannot work, with the reason, before any work starts."""
     from ragen2 import envs
+    from ragen2.envs.external import SUITES
 
     if not envs.exists(config.env.name):
         raise ConfigError(
-            f"env.name={config.env.name!r} is not a registered environment; valid: {', '.join(envs.names())}."
+            f"env.name={config.env.name!r} is not a registered environment; valid: {', '.join(envs.names())}, "
+            f"or a suite's game ({', '.join(f'{s}:GAME' for s in SUITES)}, e.g. textarena:TowerOfHanoi-v0)."
             + did_you_mean(config.env.name, envs.names())
         )
     try:  # building one instance checks env.kwargs against the constructor, with its own message

@@ -90,3 +90,19 @@ def test_train_help_names_every_environment_and_algorithm():
     assert "ENV-ALGO-FILTER" in text and "paper" in text and "nofilter" in text
     for name in [*names(), *typing.get_args(typing.get_type_hints(AlgoConfig)["name"])]:
         assert re.search(rf"\b{name}\b", text), name
+
+
+def test_a_hub_client_warning_prints_once():
+    """huggingface_hub logs through its own handler; the CLI's root handler must not print it again."""
+    probe = (
+        "import sys\nimport ragen2.cli as cli\n"
+        "def noisy(args):\n"
+        "    from huggingface_hub.utils import logging as hub_logging\n"
+        "    hub_logging.get_logger('huggingface_hub.file_download').warning('Retrying in 1s [Retry 1/5].')\n"
+        "    return 0\n"
+        "cli.cmd_sweep = noisy\nsys.exit(cli.main(['sweep', 'spec.yaml']))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], env={**os.environ, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("Retrying in 1s") == 1, done.stderr

@@ -42,6 +42,7 @@ def test_env_shorthand():
         ("optim.lr=fast", "optim.lr='fast' must be a number"),
         ("rollout.group_size=1", "needs rollout.group_size >= 2"),
         ("env.name=frozen", "Did you mean: frozenlake"),
+        ("env.name=sokobn", "or a suite's game (textarena:GAME, textworld:GAME, gym:GAME"),
         ("env.kwargs.sze=3", "env.kwargs for 'sokoban'"),
         ("trainer.total_steps=0", "trainer.total_steps=0 must be at least 1"),
         ("rollout.max_turns=0", "rollout.max_turns=0 is not allowed: use an integer >= 1"),
