@@ -1085,23 +1085,26 @@ class _Interrupts:
     Outside `deferred()` Ctrl-C raises KeyboardInterrupt at once: the weights are still those
     of the last completed step, which the trainer then checkpoints. Inside it (update through
     logging, where the weights change) the first Ctrl-C is held until the step is complete
-    and logged; a second one aborts at once, without a checkpoint. Signal handlers can only
-    be set from the main thread; elsewhere Ctrl-C keeps Python's default behaviour.
+    and logged; a second one aborts at once, without a checkpoint. SIGTERM (`kill`, a batch
+    scheduler's preemption notice) is handled the same way. Signal handlers can only be set
+    from the main thread; elsewhere both keep Python's default behaviour.
     """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self) -> None:
         self.pending = False
         self._deferring = False
-        self._previous = None
+        self._previous: dict[int, object] = {}
 
     def __enter__(self) -> _Interrupts:
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
+            self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
 
     def _handle(self, signum, frame) -> None:
         if self._deferring and not self.pending:

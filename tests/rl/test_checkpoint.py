@@ -244,14 +244,15 @@ def test_resume_without_checkpoint_is_refused(policy, tmp_path):
 
 
 @pytest.mark.slow
-def test_ctrl_c_checkpoints_the_last_completed_step(policy, tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])  # Ctrl-C; `kill` or a scheduler's preemption
+def test_ctrl_c_checkpoints_the_last_completed_step(policy, tmp_path, signum):
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
         _train_command(policy[0], run_dir, total_steps=50), cwd=REPO, env=_env(),
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
     _wait_for(lambda: max(_logged_steps(run_dir), default=0) >= 1, proc)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     assert proc.wait(timeout=120) == 130, proc.stderr.read()
     last = max(_logged_steps(run_dir))
     assert 1 <= last < 50
