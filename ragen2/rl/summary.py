@@ -16,7 +16,7 @@ from ragen2.tracking import read_metrics
 from ragen2.verdict import LEARNED, ROSE, Words, binomial_se, verdict
 
 if TYPE_CHECKING:
-    from ragen2.rl.trainer import Run
+    from ragen2.rl.run import Run
 
 # se(record, value, n_train): a value's standard error from what its step logged, None where that is not enough.
 StandardError = Callable[[dict, float, int], float | None]
