@@ -39,16 +39,18 @@ import ragen2.envs.code_problems
 import ragen2.envs.codeexec
 from ragen2.envs.code_problems import BUILTIN_PROBLEMS
 from ragen2.envs.codeexec import GradedTest, grade
+import ragen2.envs.sandbox.host
+import ragen2.envs.sandbox.inside
 from ragen2.envs.sandbox import (
     SANDBOX_UIDS,
     Limits,
     SandboxUnavailable,
-    _user_namespaces_missing,
     isolation,
     process_limits,
     run_program,
     run_programs,
 )
+from ragen2.envs.sandbox.host import _user_namespaces_missing
 from ragen2.errors import ConfigError
 
 ROOT = os.geteuid() == 0
@@ -64,7 +66,14 @@ SLACK_MB = 16  # and hold this much more than its memory cap (the interpreter's 
 BATTERY_LIMITS = Limits(wall_s=2.0, cpu_s=1, memory_mb=256)
 SECRET = "ragen2-fake-secret-" + uuid.uuid4().hex
 GRADER_FILES = tuple(
-    str(Path(m.__file__).resolve()) for m in (ragen2.envs.codeexec, ragen2.envs.code_problems, ragen2.envs.sandbox)
+    str(Path(m.__file__).resolve())
+    for m in (
+        ragen2.envs.codeexec,
+        ragen2.envs.code_problems,
+        ragen2.envs.sandbox,
+        ragen2.envs.sandbox.host,
+        ragen2.envs.sandbox.inside,
+    )
 )
 
 
@@ -477,7 +486,7 @@ def test_without_root_or_user_namespaces_the_refusal_says_what_to_enable(monkeyp
     monkeypatch.setattr(os, "geteuid", lambda: UNPRIVILEGED_UID)
     monkeypatch.setattr(os, "uname", lambda: os.uname_result(("Linux", "host", "5.10.0", "#1", "x86_64")))
     with pytest.raises(SandboxUnavailable) as refused:
-        ragen2.envs.sandbox._ForkServer(isolated=True)
+        ragen2.envs.sandbox.host._ForkServer(isolated=True)
     message = str(refused.value)
     assert "does not run as root, and Linux 5.10.0 is older than 5.14" in message
     assert "kernel.unprivileged_userns_clone=1" in message and "limits: {allow_unsandboxed: true}" in message
