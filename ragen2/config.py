@@ -122,7 +122,7 @@ class RolloutConfig:
 
 @dataclass
 class AlgoConfig:
-    name: Literal["ppo", "grpo", "drgrpo", "dapo", "rloo", "reinforce_pp"] = _f(
+    name: Literal["ppo", "grpo", "drgrpo", "dapo", "rloo", "reinforce_pp", "gigpo"] = _f(
         "grpo", "Algorithm: advantage estimator and its loss defaults (docs/algorithms.md)."
     )
     clip_low: float = _f(0.2, "PPO clip epsilon below 1 (ratio >= 1 - clip_low).")
@@ -142,13 +142,22 @@ class AlgoConfig:
     loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] | None = _f(
         None, "Loss aggregation; null = the algorithm's default."
     )
-    gamma: float = _f(1.0, "Discount (PPO/GAE, REINFORCE++). Reference: 1.0.")
+    gamma: float = _f(1.0, "Discount (PPO/GAE, REINFORCE++, GiGPO's step returns). Reference: 1.0; GiGPO's: 0.95.")
     lam: float = _f(1.0, "GAE lambda. Reference: 1.0.")
     ppo_epochs: int = _f(1, "Passes over each batch.")
     mini_batch_size: int = _f(32, "Sequences per optimizer step. Reference: 32.")
     micro_batch_size: int = _f(8, "Sequences per forward/backward (gradient accumulation).")
     critic_lr: float = _f(1e-4, "Critic learning rate (PPO). Reference (3B): 1e-5.")
     value_clip: float = _f(0.5, "Value-loss clip range (PPO; verl default 0.5).")
+    gigpo_step_weight: float = _f(1.0, "GiGPO: weight of the step-level (anchor-state) advantage. verl-agent: 1.0.")
+    gigpo_mode: Literal["mean_norm", "mean_std_norm"] = _f(
+        "mean_std_norm", "GiGPO: subtract the group mean (mean_norm), or also divide by the group std. verl-agent's "
+        "trainer default: mean_std_norm.",
+    )
+    gigpo_episode_stats: Literal["steps", "episodes"] = _f(
+        "steps", "GiGPO: the episode-level mean and std over a group's step rows, so a long episode counts once per "
+        "turn (verl-agent's code), or over its episodes (the GiGPO paper).",
+    )
     task_advantage_scale: float = _f(
         1.0, "Multiplies the task advantage; 0 gives regulariser-only updates (mechanism study)."
     )
@@ -707,7 +716,7 @@ def validate(config: Config) -> None:
             f"algo.name=dapo has no KL penalty, but algo.kl_coef={a.kl_coef}; set algo.kl_coef=0, "
             "or use algo.name=grpo for clip-higher with a KL penalty."
         )
-    if a.name in ("grpo", "drgrpo", "dapo", "rloo") and r.group_size < 2:
+    if a.name in ("grpo", "drgrpo", "dapo", "rloo", "gigpo") and r.group_size < 2:
         raise ConfigError(
             f"algo.name={a.name} needs rollout.group_size >= 2 (its baseline is the group mean); "
             f"got {r.group_size}. Use algo.name=ppo or reinforce_pp for single rollouts."

@@ -11,6 +11,7 @@ import math
 import re
 import textwrap
 from dataclasses import dataclass, replace
+from decimal import Decimal, InvalidOperation
 from typing import Any, ClassVar
 
 import gymnasium as gym
@@ -21,7 +22,9 @@ from ragen2.envs.code_problems import BUILTIN_PROBLEMS, CodeTest, Problem, call_
 from ragen2.envs.sandbox import Limits, RunResult, prepare, run_programs
 from ragen2.errors import ConfigError, did_you_mean
 
-_FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", flags=re.S | re.I)
+# The blanks after a fence are one possessive run: two runs around an optional tag split a long
+# run of spaces every way before failing, quadratic in the reply's length.
+_FENCE = re.compile(r"```[ \t]*+(?:(?:python3?|py)[ \t]*+)?\n(.*?)```", flags=re.S | re.I)
 # Marks the return value printed by the function-test driver, after anything the program printed.
 _RESULT_MARKER = "\x1eragen2-result\x1e"
 _CLIP = 200  # characters of each feedback field
@@ -131,31 +134,106 @@ def _check(problem: Problem, test: CodeTest, result: RunResult) -> tuple[bool, s
     return any(same_value(got, want) for want in (test.expected, *test.also_accepted)), repr(got)
 
 
+# Numbers compare as judges' "absolute or relative error at most 1e-6": two floats are equal when
+# |x - y| <= max(REL_TOL * max(|x|, |y|), ABS_TOL). Integers compare exactly (see same_output).
+REL_TOL = 1e-6
+ABS_TOL = 1e-6
+_EXACT_INT = 2**53  # floats hold every integer up to this magnitude, and skip some above it
+# A number token; it is an integer when no group matched (no point, no exponent).
+_NUMBER = re.compile(r"[+-]?(?:[0-9]+(\.[0-9]*)?|(\.)[0-9]+)([eE][+-]?[0-9]+)?")
+_PLAIN_KEYS = (str, int, float, bool, type(None))
+
+
 def same_output(got: str, expected: str) -> bool:
     """stdout equality as judges use it.
 
-    Equal when the lines match ignoring trailing spaces and trailing blank lines; else
-    when the whitespace-separated tokens match, numbers within 1e-6 (absolute or relative).
+    Equal when the lines match ignoring trailing spaces and trailing blank lines; else when
+    the whitespace-separated tokens match one by one, as identical text or as equal numbers
+    (ASCII digits with an optional sign, decimal point and exponent):
+    - two integers (sign and digits only) exactly, at any size: as floats, an approximation
+      of a 19-digit answer or any two numbers past 1.8e308 would be equal;
+    - two floats within REL_TOL or ABS_TOL (see above), both finite: inf, nan and a
+      literal that overflows a float equal no other token;
+    - an integer and a float when the float rounds to the integer and lies within the
+      tolerance of it ("3.0" is 3, "999999006.0" is not 1000000006); past 2**53, where
+      floats skip integers, the float's text must denote exactly that integer.
     """
     if _lines(got) == _lines(expected):
         return True
     got_tokens, expected_tokens = got.split(), expected.split()
-    return len(got_tokens) == len(expected_tokens) and all(
-        a == b or _close_numbers(a, b) for a, b in zip(got_tokens, expected_tokens)
-    )
+    return len(got_tokens) == len(expected_tokens) and all(map(_same_token, got_tokens, expected_tokens))
 
 
 def same_value(got: Any, expected: Any) -> bool:
-    """Return-value equality after a JSON round trip: floats within 1e-6, lists and dicts element-wise."""
-    if isinstance(got, bool) or isinstance(expected, bool):
-        return got is expected
-    if isinstance(got, (int, float)) and isinstance(expected, (int, float)):
-        return math.isclose(got, expected, rel_tol=1e-6, abs_tol=1e-6)
-    if isinstance(got, list) and isinstance(expected, list):
-        return len(got) == len(expected) and all(map(same_value, got, expected))
-    if isinstance(got, dict) and isinstance(expected, dict):
-        return got.keys() == expected.keys() and all(same_value(got[k], expected[k]) for k in got)
-    return got == expected
+    """Return-value equality after a JSON round trip; never raises.
+
+    Numbers follow `same_output`'s rules (ints exact at any size, floats within the
+    tolerance, non-finite floats equal nothing, a bool is no number); lists and tuples
+    compare element-wise, dicts key by key. Only JSON's types (and tuples) can be equal:
+    any other object is unequal without its `__eq__` being called, so a value cannot
+    decide its own comparison. Nesting is walked without recursion, and a pair of
+    containers met again (a cycle) adds nothing.
+    """
+    pending, seen = [(got, expected)], set()
+    while pending:
+        a, b = pending.pop()
+        if type(a) in (list, tuple, dict):
+            if (id(a), id(b)) in seen:
+                continue
+            seen.add((id(a), id(b)))
+        if type(a) in (list, tuple) and type(b) in (list, tuple):
+            if len(a) != len(b):
+                return False
+            pending.extend(zip(a, b))
+        elif type(a) is dict and type(b) is dict:
+            plain = all(type(k) in _PLAIN_KEYS for k in (*a, *b))
+            if not (plain and a.keys() == b.keys()):
+                return False
+            pending.extend((a[k], b[k]) for k in a)
+        elif type(a) in (int, float) and type(b) in (int, float):
+            if not _same_numbers(a, b):
+                return False
+        elif not (type(a) is type(b) and type(a) in (str, bool, type(None)) and a == b):
+            return False
+    return True
+
+
+def _same_numbers(x: int | float, y: int | float) -> bool:
+    """Python ints and floats by `same_output`'s rules; an int past 2**53 equals only the float of exactly its value."""
+    if type(x) is int and type(y) is int:
+        return x == y
+    if type(x) is int:
+        x, y = y, x
+    if not math.isfinite(x):
+        return False
+    if type(y) is float:
+        return math.isfinite(y) and math.isclose(x, y, rel_tol=REL_TOL, abs_tol=ABS_TOL)
+    if abs(y) > _EXACT_INT:
+        return x == y  # Python compares an int and a float exactly
+    return round(x) == y and math.isclose(x, y, rel_tol=REL_TOL, abs_tol=ABS_TOL)
+
+
+def _same_token(a: str, b: str) -> bool:
+    if a == b:
+        return True
+    a_number, b_number = _NUMBER.fullmatch(a), _NUMBER.fullmatch(b)
+    if not (a_number and b_number):
+        return False
+    a_int, b_int = a_number.lastindex is None, b_number.lastindex is None
+    if a_int and b_int:
+        return Decimal(a) == Decimal(b)  # exact; int() refuses more than 4300 digits
+    if not (a_int or b_int):
+        return _same_numbers(float(a), float(b))
+    integer, number = (Decimal(a), b) if a_int else (Decimal(b), a)
+    x = float(number)
+    if not math.isfinite(x):
+        return False
+    if integer.copy_abs() <= _EXACT_INT:
+        return _same_numbers(x, int(integer))
+    try:
+        return Decimal(number) == integer
+    except InvalidOperation:  # an exponent past Decimal's range: a float that small is no large integer
+        return False
 
 
 def _lines(text: str) -> list[str]:
@@ -163,14 +241,6 @@ def _lines(text: str) -> list[str]:
     while lines and not lines[-1]:
         lines.pop()
     return lines
-
-
-def _close_numbers(a: str, b: str) -> bool:
-    try:
-        x, y = float(a), float(b)
-    except ValueError:
-        return False
-    return math.isclose(x, y, rel_tol=1e-6, abs_tol=1e-6)
 
 
 def _clip(text: str) -> str:

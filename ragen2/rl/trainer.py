@@ -71,10 +71,12 @@ from ragen2.rl.advantages import (
     broadcast_to_tokens,
     drgrpo_advantages,
     gae_advantages,
+    gigpo_advantages,
     grpo_advantages,
     place_terminal_reward,
     reinforce_pp_advantages,
     rloo_advantages,
+    turn_values_to_tokens,
 )
 from ragen2.rl.batch import Batch, build_batch, response_logits
 from ragen2.rl.checkpoint import mark_latest, save_checkpoint
@@ -101,6 +103,7 @@ DEFAULT_LOSS_AGG = {
     "dapo": "token-mean",
     "rloo": "token-mean",
     "reinforce_pp": "token-mean",
+    "gigpo": "token-mean",
 }
 
 # Outcome estimators: one advantage per trajectory from its return and its group's returns.
@@ -346,6 +349,13 @@ def advantage_phase(run: Run, kept: list[Trajectory]) -> Batch:
         advantages, batch.value_targets = gae_advantages(token_rewards, batch.old_values, batch.mask, a.gamma, a.lam)
     elif a.name == "reinforce_pp":
         advantages = reinforce_pp_advantages(batch.returns, batch.mask, a.gamma)
+    elif a.name == "gigpo":  # one advantage per turn: anchor states are the observations each turn saw
+        per_turn = gigpo_advantages(
+            [[turn.reward for turn in t.turns] for t in kept], [t.group_id for t in kept],
+            [[turn.observation for turn in t.turns] for t in kept], gamma=a.gamma, step_weight=a.gigpo_step_weight,
+            mode=a.gigpo_mode, episode_stats=a.gigpo_episode_stats,
+        )
+        advantages = turn_values_to_tokens(per_turn, batch.traj_index, batch.mask)  # [B, T-1]
     else:
         # Per trajectory, not per sequence: with one sequence per turn, a long episode must
         # not weigh more in its group's baseline.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 
 import pytest
@@ -77,6 +79,33 @@ def test_same_output(got, expected, same):
 )
 def test_same_value(got, expected, same):
     assert same_value(got, expected) is same
+
+
+# A Stirling series for n!: within 1e-9 of 20!, and wrong in its last digits.
+STIRLING = "int(math.exp(n * math.log(n) - n + 0.5 * math.log(2 * math.pi * n) + 1 / (12 * n) - 1 / (360 * n**3)))"
+
+
+def test_an_approximate_large_integer_gets_no_reward(tmp_path):
+    approximation, exact = eval(STIRLING, {"math": math, "n": 20}), math.factorial(20)
+    assert approximation != exact and math.isclose(approximation, exact, rel_tol=1e-9)
+    factorial = {
+        "question": "Read n and print n!.",
+        "input_output": json.dumps({"inputs": ["20\n", "25\n"], "outputs": [f"{exact}\n", f"{math.factorial(25)}\n"]}),
+    }
+    power = {
+        "question": "Return 7 to the power n.",
+        "input_output": json.dumps({"fn_name": "power7", "inputs": [[474], [1]], "outputs": [[7**474], [7]]}),
+    }
+    path = tmp_path / "problems.jsonl"
+    path.write_text(json.dumps(factorial) + "\n" + json.dumps(power) + "\n")
+    env = CodeEnv(problems=str(path))
+    stirling = f"import math\nn = int(input())\nprint({STIRLING})"
+    for program, reward in [(stirling, 0.0), ("import math\nprint(math.factorial(int(input())))", 1.0)]:
+        env.reset(options={"problem": env.problems[0].id})
+        assert env.step(program)[1] == reward, program
+    for body, reward in [("return 2**1024", 0.0), ("return 10**400", 0.0), ("return 7**n", 1.0)]:
+        env.reset(options={"problem": env.problems[1].id})  # compared as floats, each raised OverflowError
+        assert env.step(f"def power7(n):\n    {body}")[1] == reward, body
 
 
 def test_builtin_problems():

@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, fields
 
+from ragen2.envs.sandbox import syscalls
 from ragen2.envs.sandbox.inside import SERVER_SOURCE
 from ragen2.errors import ConfigError, did_you_mean
 
@@ -226,7 +227,19 @@ class _ForkServer:
         rootless = isolated and os.geteuid() != 0
         if rootless and (missing := _user_namespaces_missing()):
             raise SandboxUnavailable(f"the host process does not run as root, and {missing}")
-        config = {"isolated": isolated, "rootless": rootless, "libraries": _runtime_libraries() if isolated else []}
+        try:
+            seccomp_filter = syscalls.compiled_filter()
+        except (ImportError, OSError, RuntimeError) as e:
+            raise SandboxUnavailable(
+                f"the system call filter cannot be built ({e}); it needs libseccomp.so.2 (Debian and Ubuntu: "
+                "apt install libseccomp2) and the pyseccomp package"
+            ) from e
+        config = {
+            "isolated": isolated,
+            "rootless": rootless,
+            "libraries": _runtime_libraries() if isolated else [],
+            "filter": seccomp_filter.hex(),
+        }
         host_end, server_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.proc = subprocess.Popen(
             [sys.executable, "-S", "-P", "-c", SERVER_SOURCE, str(server_end.fileno()), json.dumps(config)],

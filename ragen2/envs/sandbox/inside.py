@@ -1,4 +1,4 @@
-"""What runs inside the sandbox's fork server and each program's process: the sandbox's root, namespaces, limits, the audit hook.
+"""What runs inside the sandbox's fork server and each program's process: the root, namespaces, limits, the filter, the audit hook.
 
 The fork server is a separate `python -S -P -c` interpreter: these functions are sent
 to it as source text (`SERVER_SOURCE`), so each imports what it uses and reads no
@@ -30,7 +30,7 @@ def _server_main() -> None:
     config = json.loads(sys.argv[2])
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p)
-    stdlib_fd = None
+    server = {"stdlib_fd": None, "filter": _seccomp_program(config["filter"])}
     if config["isolated"]:
         try:
             _build_root(libc, config["libraries"], config["rootless"])
@@ -38,7 +38,7 @@ def _server_main() -> None:
             control.send(f"error {e.strerror}".encode())
             return
     else:  # for imports after the uid change (see _enter_sandbox)
-        stdlib_fd = os.open(os.path.dirname(os.__file__), os.O_RDONLY | os.O_DIRECTORY)
+        server["stdlib_fd"] = os.open(os.path.dirname(os.__file__), os.O_RDONLY | os.O_DIRECTORY)
     control.send(b"ready")
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps finished launchers
     while True:
@@ -50,7 +50,7 @@ def _server_main() -> None:
             return
         if os.fork() == 0:
             control.close()
-            _launch(json.loads(message), fds, libc, stdlib_fd)
+            _launch(json.loads(message), fds, libc, server)
         for fd in fds:
             os.close(fd)
 
@@ -60,11 +60,22 @@ def _libc_call(libc: object, name: str, *args: object, shown: str = "") -> None:
     import ctypes
     import os
 
-    if getattr(libc, name)(*args) != 0:
+    if getattr(libc, name)(*args) < 0:
         errno = ctypes.get_errno()
         text = ("NULL" if a is None else a.decode() if isinstance(a, bytes) else repr(a) for a in args)
         shown = shown or ", ".join(text)
         raise OSError(errno, f"{name}({shown}) failed: {os.strerror(errno)}")
+
+
+def _seccomp_program(bpf_hex: str) -> object:
+    """A pointer to the `struct sock_fprog` that PR_SET_SECCOMP takes, for the filter the host compiled (syscalls.py)."""
+    import ctypes
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = (("len", ctypes.c_ushort), ("filter", ctypes.c_char_p))
+
+    bpf = bytes.fromhex(bpf_hex)
+    return ctypes.byref(SockFprog(len(bpf) // 8, bpf))  # 8 bytes per instruction (struct sock_filter)
 
 
 def _build_root(libc: object, libraries: list, rootless: bool) -> None:
@@ -124,12 +135,13 @@ def _build_root(libc: object, libraries: list, rootless: bool) -> None:
     _libc_call(libc, "mount", None, _ROOT.encode(), None, remount | rdonly | nosuid | nodev, None)
 
 
-def _launch(request: dict, fds: list, libc: object, stdlib_fd: int | None) -> None:
+def _launch(request: dict, fds: list, libc: object, server: dict) -> None:
     """The launcher of one run: new namespaces, fork the program, wait for it, report its status.
 
     `fds` are the program's stdin, its source, stdout, stderr and the status socket. The
     launcher leads its own process group, reports `pid N`, then `error E` if the run
     could not be isolated or else `status S`, and finally kills its whole group.
+    `server` holds what the fork server prepared for every run (see `_server_main`).
     """
     import os
     import signal
@@ -159,8 +171,8 @@ def _launch(request: dict, fds: list, libc: object, stdlib_fd: int | None) -> No
 
     child = os.fork()
     if child == 0:
-        if request["isolated"]:
-            try:
+        try:
+            if request["isolated"]:
                 _enter_root(libc)
                 if request["rootless"]:
                     # A user namespace per program, owning none of its other namespaces: RLIMIT_NPROC
@@ -168,11 +180,11 @@ def _launch(request: dict, fds: list, libc: object, stdlib_fd: int | None) -> No
                     # program's, and its capabilities there reach neither its mounts nor anything else.
                     _enter_user_namespace(libc, 0, "CLONE_NEWUSER")
                     _drop_capabilities(libc)
-            except OSError as e:
-                os.write(status_fd, f"error {e.strerror}\n".encode())
-                os._exit(1)
+            _enter_sandbox(request, libc, server, status_fd)
+        except OSError as e:
+            os.write(status_fd, f"error {e.strerror}\n".encode())
+            os._exit(1)
         os.close(status_fd)
-        _enter_sandbox(request, libc, stdlib_fd)
         _run_program()
     # The wall limit holds even if the host is gone.
     signal.signal(signal.SIGALRM, lambda *_: os.kill(child, signal.SIGKILL))
@@ -258,15 +270,19 @@ def _drop_capabilities(libc: object) -> None:
     _libc_call(libc, "capset", header, sets, shown="no capabilities")
 
 
-def _enter_sandbox(request: dict, libc: object, stdlib_fd: int | None) -> None:
-    """In the program's process: limits, uid, import paths, audit hook."""
+def _enter_sandbox(request: dict, libc: object, server: dict, status_fd: int) -> None:
+    """In the program's process: limits, uid, import paths, the system call filter, the audit hook.
+
+    `status_fd` stays open for the launcher's report of a failure; the caller closes it.
+    """
     import os
     import resource
     import signal
     import sys
 
-    if request["isolated"]:
-        os.closerange(3, 1 << 16)  # nothing open of the fork server's reaches the program
+    if request["isolated"]:  # nothing open of the fork server's reaches the program
+        os.closerange(3, status_fd)
+        os.closerange(status_fd + 1, 1 << 16)
     for limit, value in (
         (resource.RLIMIT_CPU, request["cpu_s"]),  # soft == hard: SIGKILL (a PID 1 ignores SIGXCPU)
         (resource.RLIMIT_AS, request["memory_bytes"]),
@@ -289,7 +305,7 @@ def _enter_sandbox(request: dict, libc: object, stdlib_fd: int | None) -> None:
     # Imports from here on find the standard library at its place in the sandbox, or (unsandboxed)
     # through a descriptor: the interpreter may live where the sandbox uid cannot enter (/root/.pyenv).
     stdlib, workdir = os.path.dirname(os.__file__), request["workdir"]
-    seen = _STDLIB if request["isolated"] else f"/proc/self/fd/{stdlib_fd}"
+    seen = _STDLIB if request["isolated"] else f"/proc/self/fd/{server['stdlib_fd']}"
     sys.path[:] = [workdir, seen, os.path.join(seen, "lib-dynload")]
     for module in list(sys.modules.values()):  # packages already imported (encodings, collections, ...)
         paths = getattr(module, "__path__", None)
@@ -298,7 +314,9 @@ def _enter_sandbox(request: dict, libc: object, stdlib_fd: int | None) -> None:
     sys.path_importer_cache.clear()
     sys.dont_write_bytecode = True
     sys.argv = ["solution.py"]
-    if request["audit_hook"]:
+    # From here on every system call of the program, its threads and its children passes the filter.
+    _libc_call(libc, "prctl", 22, 2, server["filter"], 0, 0, shown="PR_SET_SECCOMP, SECCOMP_MODE_FILTER")
+    if request["audit_hook"]:  # last: it refuses ctypes, which the calls above go through
         if request["isolated"]:
             writable, readable = (workdir, "/tmp", "/dev/shm"), (workdir, "/tmp", "/dev/shm", _STDLIB)
         else:
@@ -396,7 +414,7 @@ def _audit_hook(writable: tuple, readable: tuple) -> object:
 
 _SERVER_FUNCTIONS = (
     _audit_hook, _run_program, _enter_sandbox, _drop_capabilities, _enter_user_namespace, _enter_root, _isolate,
-    _launch, _build_root, _libc_call, _server_main,
+    _launch, _build_root, _seccomp_program, _libc_call, _server_main,
 )  # fmt: skip
 SERVER_SOURCE = (
     f"_ROOT, _SCRATCH, _STDLIB = {_ROOT!r}, {_SCRATCH!r}, {_STDLIB!r}\n\n"
