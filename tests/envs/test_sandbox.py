@@ -32,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
+import pyseccomp
 import pytest
 from hostile import DOUBLE, SUM, Hostile, Targets, battery, reward_hacks
 
@@ -200,7 +201,7 @@ def test_hostile_battery_gets_its_reward_and_leaves_host_and_neighbours_alone(au
     assert "pytest" not in snooped and all(m == "1" for m in re.findall(r"(\d+) processes:", snooped))
     for held in re.findall(r"held (\d+) MiB", by_name["many processes times memory"]["outputs"]):
         assert int(held) <= BATTERY_LIMITS.memory_mb + SLACK_MB
-    assert "no shell: OSError:2:" in by_name["exec bypass of the audit hook, then cat the tests"]["outputs"]  # ENOENT
+    assert "no shell: OSError:1:" in by_name["exec bypass of the audit hook, then cat the tests"]["outputs"]  # EPERM
     if not audit_hook:  # the OS refused it, not the hook
         assert by_name["host abstract AF_UNIX socket"]["outcome"].startswith("ConnectionRefusedError")
 
@@ -312,14 +313,16 @@ def test_audit_hook_refuses_with_a_clear_message(program, message):
 @as_root
 def test_isolation_report_as_root():
     assert isolation() == {
-        "separate_uid": True, "pid_namespace": True, "network_namespace": True, "private_filesystem": True
+        "separate_uid": True, "pid_namespace": True, "network_namespace": True, "private_filesystem": True,
+        "syscall_filter": True,
     }  # fmt: skip
 
 
 @pytest.mark.skipif(ROOT or USERNS_MISSING is not None, reason="for a user other than root with user namespaces")
 def test_isolation_report_without_root():
     assert isolation() == {
-        "separate_uid": False, "pid_namespace": True, "network_namespace": True, "private_filesystem": True
+        "separate_uid": False, "pid_namespace": True, "network_namespace": True, "private_filesystem": True,
+        "syscall_filter": True,
     }  # fmt: skip
 
 
@@ -339,7 +342,7 @@ def test_without_root_the_os_layer_holds_in_user_namespaces():
             timeout=240,
         )  # fmt: skip
     summary = result.stdout.strip().rpartition("\n")[2]
-    assert result.returncode == 0 and re.fullmatch(r"6 passed, \d+ deselected in .*", summary), result.stdout[-5000:]
+    assert result.returncode == 0 and re.fullmatch(r"7 passed, \d+ deselected in .*", summary), result.stdout[-5000:]
 
 
 def _become_unprivileged() -> None:
@@ -445,6 +448,60 @@ def test_os_network_signals_and_environment():
     finally:
         del os.environ["RAGEN2_FAKE_SECRET"]
         server.close()
+
+
+# System calls the filter refuses, with arguments that would make each succeed (or fail otherwise) without it.
+FILTERED_CALLS = (
+    ("memfd_create", (b"x", 0), "EPERM"),
+    ("execve", (b"/proc/self/exe", 0, 0), "EPERM"),
+    ("unshare", (0x10000000 | 0x00020000,), "EPERM"),  # CLONE_NEWUSER | CLONE_NEWNS
+    ("clone", (0x10000000 | 17, 0, 0, 0, 0), "EPERM"),  # CLONE_NEWUSER | SIGCHLD
+    ("clone3", (0, 0), "ENOSYS"),
+    ("setns", (0, 0), "EPERM"),
+    ("mount", (b"none", b"/tmp", b"tmpfs", 0, 0), "EPERM"),
+    ("keyctl", (1, 0), "EPERM"),  # KEYCTL_JOIN_SESSION_KEYRING
+    ("add_key", (b"user", b"k", b"v", 1, -3), "EPERM"),  # into the session keyring
+    ("shmget", (0, 1 << 20, 0o1600), "EPERM"),  # IPC_PRIVATE, IPC_CREAT | 0600
+    ("msgget", (0, 0o1600), "EPERM"),
+    ("semget", (0, 1, 0o1600), "EPERM"),
+    ("io_uring_setup", (1, 0), "EPERM"),
+    ("userfaultfd", (1,), "EPERM"),  # UFFD_USER_MODE_ONLY: allowed to anyone without the filter
+    ("perf_event_open", (0, 0, -1, -1, 0), "EPERM"),
+    ("bpf", (0, 0, 0), "EPERM"),
+    ("ptrace", (0, 0, 0, 0), "EPERM"),  # PTRACE_TRACEME
+    ("process_vm_readv", (1, 0, 0, 0, 0, 0), "EPERM"),
+    ("kexec_load", (0, 0, 0, 0), "EPERM"),
+    ("init_module", (0, 0, b""), "EPERM"),
+    ("reboot", (0, 0, 0, 0), "EPERM"),
+)
+
+
+@isolated
+def test_os_system_call_filter_refuses_and_ordinary_programs_still_work():
+    calls = [(name, pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, name), args) for name, args, _ in FILTERED_CALLS]
+    program = (
+        "import ctypes, errno, mmap, os, select, threading\n"
+        "from concurrent.futures import ThreadPoolExecutor\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        f"for name, number, args in {calls!r}:\n"
+        "    result = libc.syscall(number, *args)\n"
+        "    print(name, 'allowed' if result >= 0 else errno.errorcode[ctypes.get_errno()])\n"
+        "with ThreadPoolExecutor(2) as pool:\n"
+        "    squares = list(pool.map(lambda x: x * x, range(4)))\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    os._exit(7)\n"
+        "r, w = os.pipe()\n"
+        "os.write(w, b'x')\n"
+        "ready = select.select([r], [], [], 1)[0] == [r]\n"
+        "with mmap.mmap(-1, 1 << 20) as m:\n"
+        "    m[:2] = b'ok'\n"
+        "    print('works', squares, os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), ready, m[:2].decode())"
+    )
+    result = run_program(program, limits=Limits(audit_hook=False))
+    lines = result.stdout.splitlines()
+    assert lines[:-1] == [f"{name} {refusal}" for name, _, refusal in FILTERED_CALLS], result.stderr
+    assert lines[-1] == "works [0, 1, 4, 9] 7 True ok", result.stderr
 
 
 NO_SYS_ADMIN = """

@@ -185,19 +185,21 @@ def isolation() -> dict[str, bool]:
         "import os, socket\n"
         f"print(os.getuid() in range({SANDBOX_UIDS.start}, {SANDBOX_UIDS.stop}), os.getpid() == 1, "
         "[name for _, name in socket.if_nameindex()] == ['lo'], "
-        f"not os.path.exists({os.path.abspath(__file__)!r}))"
+        f"not os.path.exists({os.path.abspath(__file__)!r}), "
+        "'Seccomp:\\t2' in open('/proc/self/status').read())"
     )
     limits = Limits(audit_hook=False)
     try:
         result = _run(probe, "", limits, isolated=True)
     except SandboxUnavailable:
         result = _run(probe, "", limits, isolated=False)
-    uid, pid, net, files = (result.stdout.split() + ["False"] * 4)[:4]
+    uid, pid, net, files, filtered = (result.stdout.split() + ["False"] * 5)[:5]
     return {
         "separate_uid": uid == "True",
         "pid_namespace": pid == "True",
         "network_namespace": net == "True",
         "private_filesystem": files == "True",
+        "syscall_filter": filtered == "True",
     }
 
 

@@ -300,8 +300,6 @@ def _enter_sandbox(request: dict, libc: object, server: dict, status_fd: int) ->
         libc.prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE: a uid change hides /proc/self/fd from the process
     libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS: no exec can gain privileges
     libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG (a uid change clears it): die with the launcher
-    for name in [m for m in sys.modules if m == "_ctypes" or m.split(".")[0] == "ctypes"]:
-        del sys.modules[name]
     # Imports from here on find the standard library at its place in the sandbox, or (unsandboxed)
     # through a descriptor: the interpreter may live where the sandbox uid cannot enter (/root/.pyenv).
     stdlib, workdir = os.path.dirname(os.__file__), request["workdir"]
@@ -316,6 +314,8 @@ def _enter_sandbox(request: dict, libc: object, server: dict, status_fd: int) ->
     sys.argv = ["solution.py"]
     # From here on every system call of the program, its threads and its children passes the filter.
     _libc_call(libc, "prctl", 22, 2, server["filter"], 0, 0, shown="PR_SET_SECCOMP, SECCOMP_MODE_FILTER")
+    for name in [m for m in sys.modules if m == "_ctypes" or m.split(".")[0] == "ctypes"]:
+        del sys.modules[name]  # a program's `import ctypes` is an import again, which the audit hook sees
     if request["audit_hook"]:  # last: it refuses ctypes, which the calls above go through
         if request["isolated"]:
             writable, readable = (workdir, "/tmp", "/dev/shm"), (workdir, "/tmp", "/dev/shm", _STDLIB)
