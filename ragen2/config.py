@@ -149,6 +149,16 @@ class AlgoConfig:
     micro_batch_size: int = _f(8, "Sequences per forward/backward (gradient accumulation).")
     critic_lr: float = _f(1e-4, "Critic learning rate (PPO). Reference (3B): 1e-5.")
     value_clip: float = _f(0.5, "Value-loss clip range (PPO; verl default 0.5).")
+    turn_rewards: bool = _f(
+        False, "Each turn's reward (environment reward plus format penalty) on that turn's last model token, "
+        "for the token-reward estimators (ppo, reinforce_pp); false puts the episode return on the episode's last "
+        "model token. RAGEN: agent_proxy.use_turn_scores (default false).",
+    )
+    bi_level_gae: bool = _f(
+        False, "ppo: GAE over turns (algo.high_level_gamma, on the critic's values at turn ends), then over each "
+        "turn's tokens (algo.gamma). RAGEN: algorithm.bi_level_gae (default false).",
+    )
+    high_level_gamma: float = _f(0.95, "Bi-level GAE's discount between turns. RAGEN: 0.95.")
     gigpo_step_weight: float = _f(1.0, "GiGPO: weight of the step-level (anchor-state) advantage. verl-agent: 1.0.")
     gigpo_mode: Literal["mean_norm", "mean_std_norm"] = _f(
         "mean_std_norm", "GiGPO: subtract the group mean (mean_norm), or also divide by the group std. verl-agent's "
@@ -716,6 +726,12 @@ def validate(config: Config) -> None:
             f"algo.name=dapo has no KL penalty, but algo.kl_coef={a.kl_coef}; set algo.kl_coef=0, "
             "or use algo.name=grpo for clip-higher with a KL penalty."
         )
+    if a.bi_level_gae and a.name != "ppo":
+        raise ConfigError(f"algo.bi_level_gae=true needs the critic of algo.name=ppo, not algo.name={a.name}")
+    if a.turn_rewards and a.name not in ("ppo", "reinforce_pp"):
+        raise ConfigError(f"algo.turn_rewards=true places rewards on tokens, which only algo.name=ppo and "
+                          f"reinforce_pp read; algo.name={a.name} uses the episode return (gigpo: the turns' "
+                          "rewards already)")
     if a.name in ("grpo", "drgrpo", "dapo", "rloo", "gigpo") and r.group_size < 2:
         raise ConfigError(
             f"algo.name={a.name} needs rollout.group_size >= 2 (its baseline is the group mean); "

@@ -30,6 +30,7 @@ from torch import Tensor
 from ragen2.rl.losses import _check_same_shape, masked_whiten
 
 __all__ = [
+    "bi_level_gae",
     "broadcast_to_tokens",
     "drgrpo_advantages",
     "gae_advantages",
@@ -38,6 +39,7 @@ __all__ = [
     "place_terminal_reward",
     "reinforce_pp_advantages",
     "rloo_advantages",
+    "turn_ends",
     "turn_values_to_tokens",
 ]
 
@@ -217,6 +219,43 @@ def gae_advantages(
     return advantages, returns
 
 
+def bi_level_gae(
+    token_rewards: Tensor,
+    values: Tensor,
+    mask: Tensor,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    high_level_gamma: float = 0.95,
+) -> tuple[Tensor, Tensor]:
+    """GAE on two levels, as RAGEN's `bi_level_gae`: over the turns of an episode, then over the tokens of a turn.
+
+    token_rewards, values, mask: [B, T], each turn's reward on its last model token (a turn is a
+    run of mask-1 tokens). Returns (advantages [B, T], whitened over the batch's model tokens;
+    returns [B, T], the critic's targets), both 0 off the model tokens.
+
+    Turn level: GAE over the turn ends only, with `high_level_gamma` and `lam`, on the critic's
+    values there (0 after the last turn). The turn's return (its advantage + its value) then
+    replaces the reward at its end. Token level: GAE with `gamma` and `lam` within each turn,
+    ending at that return with no value after it, so the last token's advantage is the turn-level one.
+    """
+    _check_same_shape(token_rewards=token_rewards, values=values, mask=mask)
+    valid = mask > 0
+    ends = turn_ends(mask)
+    turn_returns = _gae_over_model_tokens(token_rewards, values, ends, high_level_gamma, lam) + values  # at ends
+    advantages = torch.zeros_like(token_rewards)
+    next_value = token_rewards.new_zeros(token_rewards.shape[0])
+    running = token_rewards.new_zeros(token_rewards.shape[0])
+    for t in reversed(range(token_rewards.shape[1])):  # vectorised over B; a turn end restarts the recursion
+        is_end, is_model = ends[:, t], valid[:, t]
+        reward = torch.where(is_end, turn_returns[:, t], token_rewards[:, t])
+        delta = reward + gamma * torch.where(is_end, 0.0, next_value) - values[:, t]
+        running = torch.where(is_model, delta + gamma * lam * torch.where(is_end, 0.0, running), running)
+        next_value = torch.where(is_model, values[:, t], next_value)
+        advantages[:, t] = torch.where(is_model, running, 0.0)
+    returns = torch.where(valid, advantages + values, 0.0)
+    return torch.where(valid, masked_whiten(advantages, mask), 0.0), returns
+
+
 def reinforce_pp_advantages(rewards: Tensor, response_mask: Tensor, gamma: float = 1.0) -> Tensor:
     """REINFORCE++ advantages: discounted return-to-go, whitened over the batch.
 
@@ -324,6 +363,12 @@ def _discounted_returns(rewards: np.ndarray, gamma: float) -> np.ndarray:
         running = rewards[t] + gamma * running
         out[t] = running
     return out
+
+
+def turn_ends(response_mask: Tensor) -> Tensor:
+    """[B, T] -> [B, T] bool: True on the last model token of each turn (each run of mask-1 tokens)."""
+    valid = response_mask > 0
+    return valid & ~F.pad(valid, (0, 1))[:, 1:]
 
 
 def turn_values_to_tokens(per_turn: Sequence[Sequence[float]], traj_index: Tensor, response_mask: Tensor) -> Tensor:

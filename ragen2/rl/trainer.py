@@ -68,6 +68,7 @@ from ragen2.models.loading import resolve_device
 from ragen2.progress import Progress
 from ragen2.rl import distributed, fsdp
 from ragen2.rl.advantages import (
+    bi_level_gae,
     broadcast_to_tokens,
     drgrpo_advantages,
     gae_advantages,
@@ -76,6 +77,7 @@ from ragen2.rl.advantages import (
     place_terminal_reward,
     reinforce_pp_advantages,
     rloo_advantages,
+    turn_ends,
     turn_values_to_tokens,
 )
 from ragen2.rl.batch import Batch, build_batch, response_logits
@@ -345,10 +347,14 @@ def advantage_phase(run: Run, kept: list[Trajectory]) -> Batch:
                 lambda mb: critic_values(run.critic, mb.input_ids, mb.attention_mask), batch, a.micro_batch_size,
                 lockstep=run.trainee is not None,  # with FSDP the critic is sharded too
             )
-        token_rewards = place_terminal_reward(batch.returns, batch.mask)  # [B, T-1], return on the last model token
-        advantages, batch.value_targets = gae_advantages(token_rewards, batch.old_values, batch.mask, a.gamma, a.lam)
+        token_rewards, values = _token_rewards(run, kept, batch), batch.old_values
+        if a.bi_level_gae:
+            advantages, batch.value_targets = bi_level_gae(token_rewards, values, batch.mask, a.gamma, a.lam,
+                                                           a.high_level_gamma)
+        else:
+            advantages, batch.value_targets = gae_advantages(token_rewards, values, batch.mask, a.gamma, a.lam)
     elif a.name == "reinforce_pp":
-        advantages = reinforce_pp_advantages(batch.returns, batch.mask, a.gamma)
+        advantages = reinforce_pp_advantages(_token_rewards(run, kept, batch), batch.mask, a.gamma)
     elif a.name == "gigpo":  # one advantage per turn: anchor states are the observations each turn saw
         per_turn = gigpo_advantages(
             [[turn.reward for turn in t.turns] for t in kept], [t.group_id for t in kept],
@@ -365,6 +371,14 @@ def advantage_phase(run: Run, kept: list[Trajectory]) -> Batch:
         advantages = broadcast_to_tokens(per_trajectory[batch.traj_index], batch.mask)  # [B, T-1]
     batch.advantages = a.task_advantage_scale * advantages
     return batch
+
+
+def _token_rewards(run: Run, kept: list[Trajectory], batch: Batch) -> torch.Tensor:
+    """[B, T-1]: each turn's reward on its last model token (algo.turn_rewards), else each row's return on its last."""
+    if not run.config.algo.turn_rewards:
+        return place_terminal_reward(batch.returns, batch.mask)
+    per_turn = [[turn.reward for turn in t.turns] for t in kept]
+    return turn_values_to_tokens(per_turn, batch.traj_index, batch.mask) * turn_ends(batch.mask)
 
 
 def grad_snr_phase(run: Run, trajectories: list[Trajectory]) -> dict[str, float]:
