@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pyseccomp
+
 from ragen2.envs.code_problems import CodeTest, Problem
 
 SUM = Problem(
@@ -114,6 +116,36 @@ def read(path):
         print("cannot read", path, type(e).__name__, file=sys.stderr)
         return ""
 '''
+
+
+def syscalls(*names: str) -> str:
+    """Source that defines `libc` and `NR`, this machine's numbers of the system calls `names` (no libc wrapper)."""
+    numbers = {name: pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, name) for name in names}
+    return (
+        "import ctypes, errno, os, sys\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "libc.syscall.restype = ctypes.c_long\n"
+        f"NR = {numbers!r}\n"
+        "def call(name, *args):\n"
+        "    result = libc.syscall(NR[name], *args)\n"
+        "    return result if result >= 0 else errno.errorcode[ctypes.get_errno()]\n"
+    )
+
+
+# Lists the keys it may see (/proc/keys) and reads every key of its session keyring, where the host's would be.
+SESSION_KEYRING_READER = syscalls("keyctl") + (
+    "try:\n"
+    "    print('/proc/keys:', open('/proc/keys').read().replace('\\n', '; '), file=sys.stderr)\n"
+    "except OSError as e:\n"
+    "    print('/proc/keys:', type(e).__name__, file=sys.stderr)\n"
+    "serials = (ctypes.c_int32 * 64)()\n"
+    "size = call('keyctl', 11, -3, serials, ctypes.sizeof(serials))  # KEYCTL_READ of the session keyring\n"
+    "print('session keyring:', size, file=sys.stderr)\n"
+    "for serial in serials[: size // 4 if isinstance(size, int) else 0]:\n"
+    "    payload = ctypes.create_string_buffer(4096)\n"
+    "    got = call('keyctl', 11, serial, payload, 4096)\n"
+    "    print('key', serial, payload.raw[:got] if isinstance(got, int) else got, file=sys.stderr)\n"
+)
 
 
 def reward_hacks(t: Targets) -> list[Hostile]:

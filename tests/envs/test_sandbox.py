@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pyseccomp
 import pytest
-from hostile import DOUBLE, SUM, Hostile, Targets, battery, reward_hacks
+from hostile import DOUBLE, SESSION_KEYRING_READER, SUM, Hostile, Targets, battery, reward_hacks
 
 import ragen2.envs.code_problems
 import ragen2.envs.codeexec
@@ -342,7 +342,7 @@ def test_without_root_the_os_layer_holds_in_user_namespaces():
             timeout=240,
         )  # fmt: skip
     summary = result.stdout.strip().rpartition("\n")[2]
-    assert result.returncode == 0 and re.fullmatch(r"7 passed, \d+ deselected in .*", summary), result.stdout[-5000:]
+    assert result.returncode == 0 and re.fullmatch(r"8 passed, \d+ deselected in .*", summary), result.stdout[-5000:]
 
 
 def _become_unprivileged() -> None:
@@ -502,6 +502,41 @@ def test_os_system_call_filter_refuses_and_ordinary_programs_still_work():
     lines = result.stdout.splitlines()
     assert lines[:-1] == [f"{name} {refusal}" for name, _, refusal in FILTERED_CALLS], result.stderr
     assert lines[-1] == "works [0, 1, 4, 9] 7 True ok", result.stderr
+
+
+# A host process whose session keyring holds a secret key, as a developer's or a CI job's may: it runs the
+# program with the audit hook off and on, and then counts the keys in its own session keyring.
+HOST_WITH_A_SESSION_KEYRING = """
+import ctypes, json, sys
+from ragen2.envs.sandbox import Limits, run_program
+keyctl, add_key, program, secret = json.loads(sys.stdin.read())
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+assert libc.syscall(keyctl, 1, b"ragen2-host-session") > 0  # KEYCTL_JOIN_SESSION_KEYRING, before the fork server
+assert libc.syscall(add_key, b"user", b"ragen2-host-secret", secret.encode(), len(secret), -3) > 0
+outputs = [run_program(program, limits=Limits(audit_hook=hook)) for hook in (False, True)]
+serials = (ctypes.c_int32 * 64)()
+size = libc.syscall(keyctl, 11, -3, serials, ctypes.sizeof(serials))  # KEYCTL_READ: the keys' serials
+print(json.dumps({"outputs": [r.stdout + r.stderr for r in outputs], "keys": size // 4}))
+"""
+
+
+@isolated
+def test_os_the_host_session_keyring_stays_out_of_reach():
+    numbers = [pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, name) for name in ("keyctl", "add_key")]
+    result = subprocess.run(
+        [sys.executable, "-c", HOST_WITH_A_SESSION_KEYRING],
+        input=json.dumps([*numbers, SESSION_KEYRING_READER, SECRET]),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    report = json.loads(result.stdout.strip().rpartition("\n")[2] or "{}")
+    alone, hooked = report["outputs"]
+    assert SECRET not in alone + hooked and "ragen2-host" not in alone + hooked, report
+    assert "/proc/keys: \n" in alone and "session keyring: EPERM" in alone, alone  # masked; keyctl refused
+    assert "sandbox: importing ctypes is not allowed" in hooked, hooked
+    assert report["keys"] == 1, report  # the host's key, and nothing the program planted
 
 
 NO_SYS_ADMIN = """

@@ -230,7 +230,7 @@ class _ForkServer:
         if rootless and (missing := _user_namespaces_missing()):
             raise SandboxUnavailable(f"the host process does not run as root, and {missing}")
         try:
-            seccomp_filter = syscalls.compiled_filter()
+            seccomp_filter, keyctl = syscalls.compiled_filter(), syscalls.keyctl_number()
         except (ImportError, OSError, RuntimeError) as e:
             raise SandboxUnavailable(
                 f"the system call filter cannot be built ({e}); it needs libseccomp.so.2 (Debian and Ubuntu: "
@@ -241,6 +241,7 @@ class _ForkServer:
             "rootless": rootless,
             "libraries": _runtime_libraries() if isolated else [],
             "filter": seccomp_filter.hex(),
+            "keyctl": keyctl,
         }
         host_end, server_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.proc = subprocess.Popen(

@@ -30,7 +30,7 @@ def _server_main() -> None:
     config = json.loads(sys.argv[2])
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p)
-    server = {"stdlib_fd": None, "filter": _seccomp_program(config["filter"])}
+    server = {"stdlib_fd": None, "filter": _seccomp_program(config["filter"]), "keyctl": config["keyctl"]}
     if config["isolated"]:
         try:
             _build_root(libc, config["libraries"], config["rootless"])
@@ -227,12 +227,17 @@ def _isolate(request: dict, source_fd: int, libc: object) -> None:
 def _enter_root(libc: object) -> None:
     """In the program's process, PID 1 of the new namespaces: its own /proc, then the sandbox root becomes `/`.
 
+    Kernel keys are not namespaced: /proc/keys would list every key the program may
+    view, those of the host's user included when it runs as that user (without root), so
+    /proc/keys and /proc/key-users show /dev/null instead, as Docker does.
     pivot_root(".", ".") stacks the old root on top of the new one; detaching it leaves
     no path, mount or descriptor to the host's filesystem.
     """
     import os
 
     _libc_call(libc, "mount", b"proc", (_ROOT + "/proc").encode(), b"proc", 2 | 4 | 8, None)  # nosuid nodev noexec
+    for masked in ("keys", "key-users"):
+        _libc_call(libc, "mount", (_ROOT + "/dev/null").encode(), f"{_ROOT}/proc/{masked}".encode(), None, 4096, None)
     os.chdir(_ROOT)
     _libc_call(libc, "pivot_root", b".", b".")
     _libc_call(libc, "umount2", b".", 2)  # MNT_DETACH
@@ -271,7 +276,7 @@ def _drop_capabilities(libc: object) -> None:
 
 
 def _enter_sandbox(request: dict, libc: object, server: dict, status_fd: int) -> None:
-    """In the program's process: limits, uid, import paths, the system call filter, the audit hook.
+    """In the program's process: limits, a session keyring, uid, import paths, the system call filter, the audit hook.
 
     `status_fd` stays open for the launcher's report of a failure; the caller closes it.
     """
@@ -292,6 +297,9 @@ def _enter_sandbox(request: dict, libc: object, server: dict, status_fd: int) ->
         (resource.RLIMIT_CORE, 0),
     ):
         resource.setrlimit(limit, (value, value))
+    # A new, empty session keyring: the one inherited from the host (through the fork server) would stay this
+    # process's across the uid change, with the host's keys. Joined before it, so the sandbox uid owns no key.
+    _libc_call(libc, "syscall", server["keyctl"], 1, None, shown="SYS_keyctl, KEYCTL_JOIN_SESSION_KEYRING, NULL")
     uid = request["uid"]
     if uid is not None:
         os.setgroups([])

@@ -76,3 +76,10 @@ def compiled_filter() -> bytes:
         f.seek(0)
         return f.read()
 
+
+@functools.cache
+def keyctl_number() -> int:
+    """keyctl's system call number on this machine (the C library has no wrapper for it)."""
+    import pyseccomp as seccomp
+
+    return seccomp.resolve_syscall(seccomp.Arch.NATIVE, "keyctl")
