@@ -32,6 +32,7 @@ from ragen2.rl.losses import _check_same_shape, masked_whiten
 __all__ = [
     "bi_level_gae",
     "broadcast_to_tokens",
+    "discounted_returns",
     "drgrpo_advantages",
     "gae_advantages",
     "gigpo_advantages",
@@ -329,7 +330,7 @@ def gigpo_advantages(
         episode_rows[g] += [returns[e]] * (len(rewards[e]) if episode_stats == "steps" else 1)
     episode_norm = {g: _normaliser(rows, lone_mean=0.0) for g, rows in episode_rows.items()}
 
-    step_returns = [_discounted_returns(r, gamma) for r in rewards]
+    step_returns = [discounted_returns(r, gamma) for r in rewards]
     step_rows: dict[tuple[Hashable, Hashable], list[float]] = defaultdict(list)
     for e, g in enumerate(group_ids):
         for anchor, value in zip(anchors[e], step_returns[e]):
@@ -355,8 +356,8 @@ def _normaliser(rows: list[float], lone_mean: float | None) -> tuple[float, floa
     return float(np.mean(rows)), float(np.std(rows, ddof=1))
 
 
-def _discounted_returns(rewards: np.ndarray, gamma: float) -> np.ndarray:
-    """returns[t] = rewards[t] + gamma * returns[t + 1]: what follows each turn, that turn included."""
+def discounted_returns(rewards: np.ndarray, gamma: float) -> np.ndarray:
+    """[T] -> [T]: returns[t] = rewards[t] + gamma * returns[t + 1], what follows each turn, that turn included."""
     out = np.zeros_like(rewards)
     running = 0.0
     for t in range(len(rewards) - 1, -1, -1):

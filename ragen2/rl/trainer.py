@@ -59,6 +59,7 @@ from ragen2.agent.rollout import stable_seed
 from ragen2.agent.vllm_backend import VLLMBackend
 from ragen2.collapse.alarm import AlarmDecision
 from ragen2.collapse.grad_snr import grad_snr_probe, group_reward_variance
+from ragen2.collapse.turn_signal import turn_signal_metrics
 from ragen2.config import Config, validate
 from ragen2.envs import EVAL_SEED_OFFSET
 from ragen2.errors import DivergedError
@@ -260,7 +261,7 @@ def rollout_phase(run: Run, step: int) -> tuple[list[Trajectory], dict[str, floa
         )
     trajectories = distributed.gather_objects(trajectories)  # all P x G, in group order, on every rank
     returns = np.array([t.episode_return for t in trajectories])
-    metrics = summarize(trajectories) | {
+    metrics = summarize(trajectories) | turn_signal_metrics(trajectories, cfg.algo.gamma) | {
         "rollout/return_std": float(returns.std()),
         "timing_s/generate": stats.generate_s,
     }
