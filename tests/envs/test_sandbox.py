@@ -248,6 +248,29 @@ def test_programs_get_the_standard_library_their_directory_and_a_fixed_hash_seed
     assert first.stdout.split()[:2] == ["kept", "in"] and first.stdout == second.stdout
 
 
+@isolated
+def test_os_stdin_is_a_pipe_fed_as_the_program_reads_it():
+    big = "x" * 3_000_000  # many times a pipe's buffer
+    program = (
+        "import errno, os, stat, sys\n"
+        "data = sys.stdin.read()\n"
+        "print(len(data), stat.S_ISFIFO(os.fstat(0).st_mode))\n"
+        "for attempt in (lambda: open('/proc/self/fd/0', 'r+b'), lambda: os.fchmod(0, 0o6755)):\n"
+        "    try:\n"
+        "        attempt()\n"
+        "        print('ok')\n"
+        "    except OSError as e:\n"
+        "        print(errno.errorcode[e.errno])"
+    )
+    result = run_program(program, big, Limits(audit_hook=False))
+    lines = result.stdout.split()
+    assert lines[:2] == ["3000000", "True"], result.stderr
+    if ROOT:  # the pipe is the host's: the sandbox uid can neither reopen nor change it
+        assert lines[2:] == ["EACCES", "EPERM"], result.stderr
+    unread = run_program("print('done')", big, Limits(audit_hook=False))  # the host stops feeding at its end
+    assert unread.stdout == "done\n" and unread.killed_reason is None and unread.wall_s < 2
+
+
 def test_text_that_is_not_utf8_does_not_break_the_host():
     result = run_program("print('\ud800')", "\udcff")
     assert result.exit_code != 0 and result.killed_reason is None
@@ -342,7 +365,7 @@ def test_without_root_the_os_layer_holds_in_user_namespaces():
             timeout=240,
         )  # fmt: skip
     summary = result.stdout.strip().rpartition("\n")[2]
-    assert result.returncode == 0 and re.fullmatch(r"8 passed, \d+ deselected in .*", summary), result.stdout[-5000:]
+    assert result.returncode == 0 and re.fullmatch(r"9 passed, \d+ deselected in .*", summary), result.stdout[-5000:]
 
 
 def _become_unprivileged() -> None:

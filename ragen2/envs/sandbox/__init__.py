@@ -15,7 +15,7 @@ every item below holds with it switched off (tests/envs/test_sandbox.py).
 
 How one run is isolated (the host runs as root, the usual case in containers; for
 another user, see "Without root" below).
-The host writes the program and its stdin to files and hands the run to a fork server:
+The host writes the program to a file and hands the run to a fork server:
 a `python -S -P` interpreter started once per host process with a minimal environment
 (nothing of the host's: no secrets, tokens or proxies), which never runs untrusted
 code itself. At start-up the server enters a mount namespace of its own and builds
@@ -93,8 +93,10 @@ elsewhere, and importing ctypes or _posixsubprocess, with a clear PermissionErro
 is not a security boundary against a program written to defeat it (PEP 578 says so,
 and the battery's bypass programs show two ways); the OS layer is.
 
-Programs can import the standard library only (no site-packages). Their stdin is a file,
-so `sys.stdin.read()`, `input()` and `open(0).read()` all work.
+Programs can import the standard library only (no site-packages). Their stdin is a pipe
+the host fills as the program reads it (not a file, which the program could reopen for
+writing through /proc/self/fd/0), so `sys.stdin.read()`, `input()` and `open(0).read()`
+all work; seeking in it does not.
 
 The host side (limits, the public API, the fork server's client, collecting results) is
 `host.py`; what runs in the fork server and the program's process (the root, the

@@ -349,9 +349,8 @@ def _run(source: str, stdin: str, limits: Limits, isolated: bool) -> RunResult:
     global _verified
     processes, memory_bytes = process_limits(limits)
     with _leased_uid() as uid, _workdir(uid) as workdir:
-        source_path, stdin_path = os.path.join(workdir, "solution.py"), os.path.join(workdir, "stdin.txt")
+        source_path = os.path.join(workdir, "solution.py")
         _write(source_path, source, uid)
-        _write(stdin_path, stdin, uid)
         request = {
             "isolated": isolated,
             "rootless": isolated and uid is None,
@@ -366,20 +365,28 @@ def _run(source: str, stdin: str, limits: Limits, isolated: bool) -> RunResult:
             "open_files": limits.max_open_files,
             "audit_hook": limits.audit_hook,
         }
+        # stdin is a pipe the host fills: a file, even read-only, could be reopened through /proc/self/fd/0
+        # by the uid that owns it, and a host file is not the program's to change.
+        in_r, in_w = os.pipe()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         status, status_child = socket.socketpair()
-        stdin_fd = os.open(stdin_path, os.O_RDONLY)
         source_fd = os.open(source_path, os.O_RDONLY)
         try:
-            _spawn(isolated, request, [stdin_fd, source_fd, out_w, err_w, status_child.fileno()])
+            _spawn(isolated, request, [in_r, source_fd, out_w, err_w, status_child.fileno()])
+        except BaseException:
+            for fd in (in_w, out_r, err_r):
+                os.close(fd)
+            status.close()
+            raise
         finally:  # the launcher holds its own copies now
-            for fd in (stdin_fd, source_fd, out_w, err_w):
+            for fd in (in_r, source_fd, out_w, err_w):
                 os.close(fd)
             status_child.close()
         start = time.monotonic()  # after a fork server's start-up, which _spawn may have waited for
+        data = stdin.encode("utf-8", "surrogatepass")  # as _write: the program fails to decode, not the host
         try:
-            stdout, stderr, lines, host_reason = _collect(out_r, err_r, status, limits, start + limits.wall_s)
+            stdout, stderr, lines, host_reason = _collect(out_r, err_r, status, in_w, data, limits, start + limits.wall_s)
         finally:
             for fd in (out_r, err_r):
                 os.close(fd)
@@ -446,20 +453,23 @@ def _write(path: str, text: str, uid: int | None) -> None:
 
 
 def _collect(
-    out_r: int, err_r: int, status: socket.socket, limits: Limits, deadline: float
+    out_r: int, err_r: int, status: socket.socket, in_w: int, stdin: bytes, limits: Limits, deadline: float
 ) -> tuple[bytes, bytes, dict[str, str], str | None]:
-    """Read the program's output and the launcher's status lines until the run ends or a limit hits.
+    """Feed the program's stdin and read its output and the launcher's status lines until the run ends or a limit hits.
 
     Returns stdout, stderr, the launcher's lines by key and the host's kill reason. The
     launcher writes `pid N` when it starts, `error E` when it could not isolate the run,
     and `status S` when the program has ended; it closes everything when it exits.
+    `stdin` goes into the pipe `in_w` as the program reads it; `in_w` is closed (end of
+    input) once it is all written or the program stopped reading, and in any case on return.
     """
     out = {out_r: bytearray(), err_r: bytearray()}
     report = bytearray()
+    pending = memoryview(stdin)
     selector = selectors.DefaultSelector()
-    for fd in (out_r, err_r, status.fileno()):
+    for fd in (out_r, err_r, status.fileno(), in_w):
         os.set_blocking(fd, False)
-        selector.register(fd, selectors.EVENT_READ)
+        selector.register(fd, selectors.EVENT_WRITE if fd == in_w else selectors.EVENT_READ)
     total, reason = 0, None
     try:
         while selector.get_map():
@@ -468,6 +478,17 @@ def _collect(
                 reason = "wall_time"
                 break
             for key, _ in selector.select(timeout=remaining):
+                if key.fd == in_w:
+                    try:
+                        pending = pending[os.write(in_w, pending[: 1 << 16]) :]
+                    except BlockingIOError:
+                        continue
+                    except BrokenPipeError:  # nothing reads it any more: the program has ended
+                        pending = pending[:0]
+                    if not pending:
+                        selector.unregister(in_w)
+                        os.close(in_w)
+                    continue
                 data = os.read(key.fd, 1 << 16)
                 if not data:
                     selector.unregister(key.fd)
@@ -480,6 +501,8 @@ def _collect(
                 reason = "output_limit"
                 break
     finally:
+        if in_w in selector.get_map():  # not all written
+            os.close(in_w)
         selector.close()
     lines = dict(line.split(" ", 1) for line in report.decode().splitlines())
     if reason is not None and "status" not in lines:
