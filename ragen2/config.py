@@ -215,6 +215,10 @@ class CollapseConfig:
     compute_freq: int = _f(5, "Compute at step 1 and every N steps. Reference: 5.")
     num_samples: int = _f(64, "Pairs per sampling scheme. Reference: 64.")
     micro_batch_size: int = _f(32, "Reasonings scored per forward pass.")
+    per_turn: int = _f(
+        0, "Also compute the proxies on each turn index 2..N alone (collapse_turn_K/): does turn K's reasoning "
+        "depend on turn K's observation? 0 turns it off; each index adds about one scheme's scoring cost.",
+    )
     rollout_cache: bool = _f(
         True,
         "Score the rollout's prompts from the keys/values it computed (hf backend with rollout.prefix_reuse): "
@@ -254,6 +258,9 @@ class CollapseConfig:
         for name in ("compute_freq", "num_samples", "micro_batch_size", "alarm_patience"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"collapse.{name}={getattr(self, name)} is not allowed: use an integer >= 1")
+        if self.per_turn < 0 or self.per_turn == 1:
+            raise ConfigError(f"collapse.per_turn={self.per_turn} is not allowed: use 0 (off) or the last turn index "
+                              "to check, >= 2 (turn 1 is collapse_first_turn/)")
         if not 0 <= self.alarm_margin < 1:
             raise ConfigError(f"collapse.alarm_margin={self.alarm_margin} is not allowed: use a number in [0, 1)")
         if not 0 < self.alarm_drop <= 1:

@@ -15,6 +15,8 @@ Two sampling schemes, logged under separate prefixes (RAGEN-2, Sec. 4):
 - `collapse_trajectory/`: `num_samples` times, a trajectory uniformly, then one of its turns
   uniformly. Later turns carry the whole dialogue, so every pair's prompt is its own column
   (P ~ num_samples); identical prompts still form one class through `input_ids`.
+- `collapse_turn_K/` (K = 2 .. `collapse.per_turn`, off by default): turn K alone, drawn as the
+  first turns are. Does turn K's reasoning still depend on what turn K shows?
 
 The reasoning Z is `turn.response_ids[start:end]` for the turn's `reasoning_span`; the input X
 is `turn.prompt_ids` (it ends with `<think>`). Turns with empty reasoning are dropped and
@@ -70,7 +72,9 @@ class OnlineDiagnostics:
         """`run`: the whole run's config, for the advice of the alarm's message (None: the defaults')."""
         self.config = config
         self.seed = seed
-        self.ema: dict[str, EmaState | None] = {scheme: None for scheme in SCHEMES}
+        # The paper's two schemes, then one per later turn index when collapse.per_turn asks for it.
+        self.schemes = SCHEMES + tuple(f"turn_{k}" for k in range(2, config.per_turn + 1))
+        self.ema: dict[str, EmaState | None] = {scheme: None for scheme in self.schemes}
         self.alarm = CollapseAlarm(config, run)
 
     def should_run(self, step: int) -> bool:
@@ -106,14 +110,17 @@ class OnlineDiagnostics:
         """
         out: dict[str, float] = {}
         drawn: dict[str, Pairs] = {}
-        for stream, scheme in enumerate(SCHEMES):
+        for stream, scheme in enumerate(self.schemes):
             rng = np.random.default_rng([self.seed % 2**63, step, stream])
-            sample = first_turn_pairs if scheme == "first_turn" else trajectory_pairs
-            drawn[scheme] = sample(trajectories, self.config.num_samples, rng)
+            if scheme == "trajectory":
+                drawn[scheme] = trajectory_pairs(trajectories, self.config.num_samples, rng)
+            else:  # first_turn, turn_K
+                turn = 0 if scheme == "first_turn" else int(scheme.removeprefix("turn_")) - 1
+                drawn[scheme] = turn_pairs(trajectories, turn, self.config.num_samples, rng)
             out[f"collapse_{scheme}/valid_thinking_rate"] = drawn[scheme].valid_thinking_rate
             if not drawn[scheme].reasonings:
                 out[f"collapse_{scheme}/num_pairs"] = 0.0
-        scored = [scheme for scheme in SCHEMES if drawn[scheme].reasonings]
+        scored = [scheme for scheme in self.schemes if drawn[scheme].reasonings]
         if not scored:
             return out
         matrices = score_matrices(  # together: the schemes share first prompts and first-turn reasonings
@@ -184,21 +191,26 @@ def reasoning_ids(turn: Turn) -> list[int]:
 
 
 def first_turn_pairs(trajectories: Sequence[Trajectory], num_samples: int, rng: np.random.Generator) -> Pairs:
-    """Up to `num_samples` first-turn pairs, drawn without replacement among those with reasoning.
+    """`turn_pairs` of the first turns. Within a group the first prompts are identical (shared
+    seed), so their columns are one per group."""
+    return turn_pairs(trajectories, 0, num_samples, rng)
 
-    `valid_thinking_rate` is over all first turns of the batch, before the draw.
 
-    Columns are the distinct (group, first prompt) of the batch, all of them whether or not one
-    of their reasonings was drawn: the marginal is over the batch's inputs. Within a group the
-    prompts are identical (shared seed), so this is one column per group.
+def turn_pairs(trajectories: Sequence[Trajectory], turn: int, num_samples: int, rng: np.random.Generator) -> Pairs:
+    """Up to `num_samples` pairs of turn `turn` (0-based), drawn without replacement among those with reasoning.
+
+    `valid_thinking_rate` is over every episode that reached that turn, before the draw.
+
+    Columns are the distinct (group, prompt) of that turn in the batch, all of them whether or not
+    one of their reasonings was drawn: the marginal is over the batch's inputs.
     """
     columns: dict[tuple[int, tuple[int, ...]], int] = {}
-    candidates: list[tuple[int, list[int]]] = []  # (column, Z) of every first turn with reasoning
-    first_turns = [t for t in trajectories if t.turns]
-    for traj in first_turns:
-        turn = traj.turns[0]
-        column = columns.setdefault((traj.group_id, tuple(turn.prompt_ids)), len(columns))
-        z = reasoning_ids(turn)
+    candidates: list[tuple[int, list[int]]] = []  # (column, Z) of every such turn with reasoning
+    reached = [t for t in trajectories if len(t.turns) > turn]
+    for traj in reached:
+        this = traj.turns[turn]
+        column = columns.setdefault((traj.group_id, tuple(this.prompt_ids)), len(columns))
+        z = reasoning_ids(this)
         if z:
             candidates.append((column, z))
     picked = rng.permutation(len(candidates))[:num_samples]
@@ -206,7 +218,7 @@ def first_turn_pairs(trajectories: Sequence[Trajectory], num_samples: int, rng: 
         prompts=[list(prompt) for _, prompt in columns],
         reasonings=[candidates[i][1] for i in picked],
         source=[candidates[i][0] for i in picked],
-        valid_thinking_rate=len(candidates) / len(first_turns) if first_turns else 0.0,
+        valid_thinking_rate=len(candidates) / len(reached) if reached else 0.0,
     )
 
 

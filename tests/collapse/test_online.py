@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from ragen2.collapse import OnlineDiagnostics, mi_metrics, score_matrix_naive
-from ragen2.collapse.online import first_turn_pairs, reasoning_ids, summary_rows, trajectory_pairs
+from ragen2.collapse.online import first_turn_pairs, reasoning_ids, summary_rows, trajectory_pairs, turn_pairs
 from ragen2.config import CollapseConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -214,3 +214,19 @@ def test_step_is_the_one_call_per_step(tiny_tokenizer, tiny_model, batch):
     on = diag.step(tiny_model, tiny_tokenizer, trajectories, 2)
     assert on.metrics["collapse_first_turn/num_pairs"] == 8
     assert on.alarm is not None and on.alarm.step == 2 and on.alarm.action == "warn"  # margin 0.9: always "at chance"
+
+
+def test_per_turn_schemes_score_turn_k_alone(tiny_tokenizer, tiny_model, batch):
+    trajectories = batch()
+    pairs = turn_pairs(trajectories, 1, 64, np.random.default_rng(0))
+    assert len(pairs.prompts) == 9  # every second-turn prompt differs ("Turn 2 of k" within each group)
+    assert sorted(pairs.reasonings) == sorted(reasoning_ids(t.turns[1]) for t in trajectories)
+    second = {(tuple(t.turns[1].prompt_ids), tuple(reasoning_ids(t.turns[1]))) for t in trajectories}
+    assert {(tuple(pairs.prompts[c]), tuple(z)) for c, z in zip(pairs.source, pairs.reasonings)} == second
+    out = OnlineDiagnostics(config(per_turn=2), 0).run(tiny_model, tiny_tokenizer, trajectories, 1)
+    plain = OnlineDiagnostics(config(), 0).run(tiny_model, tiny_tokenizer, trajectories, 1)
+    assert out["collapse_turn_2/num_inputs"] == 9 and out["collapse_turn_2/num_pairs"] == 9
+    assert {k: v for k, v in out.items() if not k.startswith("collapse_turn_2/")} == plain  # the others unchanged
+    assert turn_pairs(trajectories, 2, 64, np.random.default_rng(0)).prompts == []  # nobody reached turn 3
+    with pytest.raises(ValueError, match="collapse.per_turn=1 is not allowed"):
+        config(per_turn=1)
