@@ -303,12 +303,13 @@ def test_every_emitted_metric_is_documented(policy_dir, tmp_path):
     """Each key a PPO run with KL writes has a row in docs/metrics.md (STYLE 7)."""
     run_dir = tmp_path / "run"
     config = tiny_config(policy_dir, run_dir, "algo.name=ppo", "algo.kl_coef=0.01", "trainer.total_steps=1",
-                         "trainer.eval_every=1", "filter.include_zero=true", "filter.strategy=none")
+                         "trainer.eval_every=1", "filter.include_zero=true", "filter.strategy=none", "collapse.per_turn=2")
     trainer.train(config)
     documented = set(re.findall(r"^\| `([^`]+)` \|", METRICS_DOC.read_text(), flags=re.MULTILINE))
     emitted = {key for record in read_metrics(run_dir) for key in record} - {"step"}
     assert {"train/value_loss", "train/kl", "eval/success_rate", "turns/reward_var_1"} <= emitted
-    per_turn = {re.sub(r"_(\d+\+?)$", "_K", key) for key in emitted}  # turns/reward_var_1 is documented as ..._K
+    # turns/reward_var_1 and collapse_turn_2/... are documented as turns/reward_var_K and collapse_turn_K/...
+    per_turn = {re.sub(r"_(\d+\+?)$", "_K", re.sub(r"^collapse_turn_\d+/", "collapse_turn_K/", key)) for key in emitted}
     assert per_turn - documented == set()
 
 
