@@ -261,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
             "sokoban-grpo-nofilter), or a YAML file; then any number of key=value overrides.\n"
             "  ENV     a built-in environment (bandit, code, countdown, frozenlake, math, searchqa, sokoban,\n"
             "          webshop) or a suite's game (textarena:TowerOfHanoi-v0, gym:FrozenLake-v1, textworld:...)\n"
-            "  ALGO    ppo, grpo, drgrpo, dapo, rloo, reinforce_pp or gigpo\n"
+            "  ALGO    ppo, grpo, drgrpo, dapo, rloo, reinforce_pp, reinforce_pp_baseline or gigpo\n"
             "  FILTER  paper (the paper's SNR-aware filter) or nofilter"
         ),
         epilog=TRAIN_EPILOG,

@@ -122,7 +122,7 @@ class RolloutConfig:
 
 @dataclass
 class AlgoConfig:
-    name: Literal["ppo", "grpo", "drgrpo", "dapo", "rloo", "reinforce_pp", "gigpo"] = _f(
+    name: Literal["ppo", "grpo", "drgrpo", "dapo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gigpo"] = _f(
         "grpo", "Algorithm: advantage estimator and its loss defaults (docs/algorithms.md)."
     )
     clip_low: float = _f(0.2, "PPO clip epsilon below 1 (ratio >= 1 - clip_low).")
@@ -167,6 +167,23 @@ class AlgoConfig:
     gigpo_episode_stats: Literal["steps", "episodes"] = _f(
         "steps", "GiGPO: the episode-level mean and std over a group's step rows, so a long episode counts once per "
         "turn (verl-agent's code), or over its episodes (the GiGPO paper).",
+    )
+    reward_norm_grouping: Literal["state", "batch", "inductive"] = _f(
+        "state", "Reward normalisation's groups: the episodes of one environment seed (state), the whole batch "
+        "(batch), or the episodes of one environment (inductive). RAGEN: agent_proxy.reward_normalization.grouping.",
+    )
+    reward_norm_method: Literal["identity", "mean", "mean_std", "asym_clip"] = _f(
+        "identity", "Normalise episode returns within their group before the estimator: identity (off), mean "
+        "(subtract the group mean), mean_std (also divide by the group std; a group with no spread becomes 0), "
+        "asym_clip (mean_std clipped to [-1, 3]). RAGEN: agent_proxy.reward_normalization.method.",
+    )
+    soft_advantage_reweight: bool = _f(
+        False, "grpo, drgrpo, dapo: multiply each episode's advantages by its group's return std over the batch's "
+        "largest, down-weighting low-variance groups instead of dropping them. RAGEN: algorithm.soft_advantage_reweight.",
+    )
+    grpo_advantage_length_weight: bool = _f(
+        False, "grpo, drgrpo, dapo: divide each sequence's advantages by its model-token count relative to the "
+        "batch mean. RAGEN: grpo_advantage_length_weight.",
     )
     task_advantage_scale: float = _f(
         1.0, "Multiplies the task advantage; 0 gives regulariser-only updates (mechanism study)."
@@ -644,6 +661,10 @@ def load_config(preset: str | None = None, overrides: list[str] | None = None) -
 # update overwrites the weights; optim.lr=1e30 made the policy's logits non-finite after one step.
 MAX_LR = 1.0
 
+# The algorithms whose advantage is GRPO's group-normalised return (RAGEN's adv_estimator=grpo), the only
+# ones RAGEN's soft advantage reweighting and length weighting apply to.
+GROUP_NORMALISED = ("grpo", "drgrpo", "dapo")
+
 
 # A step holds every episode's response tokens at once; 8 bytes a token (one int64 id) is a floor, as
 # the Python lists and tensors that hold them take several times that. Sizes whose floor exceeds the
@@ -739,7 +760,17 @@ def validate(config: Config) -> None:
         raise ConfigError(f"algo.turn_rewards=true places rewards on tokens, which only algo.name=ppo and "
                           f"reinforce_pp read; algo.name={a.name} uses the episode return (gigpo: the turns' "
                           "rewards already)")
-    if a.name in ("grpo", "drgrpo", "dapo", "rloo", "gigpo") and r.group_size < 2:
+    if a.reward_norm_method != "identity" and (a.turn_rewards or a.name == "gigpo"):
+        raise ConfigError(f"algo.reward_norm_method={a.reward_norm_method} normalises episode returns, but "
+                          + ("algo.turn_rewards=true" if a.turn_rewards else "algo.name=gigpo")
+                          + " trains on each turn's reward (RAGEN refuses it with use_turn_scores too); set "
+                          "algo.reward_norm_method=identity")
+    for key, on in (("soft_advantage_reweight", a.soft_advantage_reweight),
+                    ("grpo_advantage_length_weight", a.grpo_advantage_length_weight)):
+        if on and a.name not in GROUP_NORMALISED:
+            raise ConfigError(f"algo.{key}=true applies to GRPO's advantages (algo.name={', '.join(GROUP_NORMALISED)}), "
+                              f"as in RAGEN, not to algo.name={a.name}")
+    if a.name in ("grpo", "drgrpo", "dapo", "rloo", "reinforce_pp_baseline", "gigpo") and r.group_size < 2:
         raise ConfigError(
             f"algo.name={a.name} needs rollout.group_size >= 2 (its baseline is the group mean); "
             f"got {r.group_size}. Use algo.name=ppo or reinforce_pp for single rollouts."

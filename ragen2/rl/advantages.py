@@ -11,6 +11,8 @@ one advantage per sequence, ``[B] -> [B]``; ``broadcast_to_tokens`` spreads it
 over the model tokens. Token estimators (GAE, REINFORCE++) return ``[B, T]``.
 Turn-level estimators (GiGPO) give one advantage per turn of each episode;
 ``turn_values_to_tokens`` spreads each over its turn's model tokens.
+RAGEN's options around the estimator (``normalize_returns`` before it,
+``soft_reweight_weights`` and ``length_weighted`` after it) are at the end.
 
 Advantages are targets, not something to differentiate: compute them from
 detached rollout tensors (or under ``torch.no_grad()``). No function here reads
@@ -37,9 +39,13 @@ __all__ = [
     "gae_advantages",
     "gigpo_advantages",
     "grpo_advantages",
+    "length_weighted",
+    "normalize_returns",
     "place_terminal_reward",
     "reinforce_pp_advantages",
+    "reinforce_pp_baseline_advantages",
     "rloo_advantages",
+    "soft_reweight_weights",
     "turn_ends",
     "turn_values_to_tokens",
 ]
@@ -282,6 +288,23 @@ def reinforce_pp_advantages(rewards: Tensor, response_mask: Tensor, gamma: float
     return torch.where(valid, masked_whiten(returns_to_go, response_mask), 0.0)
 
 
+def reinforce_pp_baseline_advantages(
+    returns: Tensor, group_ids: Tensor, response_mask: Tensor, traj_index: Tensor | None = None
+) -> Tensor:
+    """REINFORCE++-baseline: the return minus its group's mean on every model token, whitened over the batch.
+
+    Hu 2025 (arXiv 2501.03262), verl's ``reinforce_plus_plus_baseline``. returns, group_ids: [N],
+    one per trajectory; response_mask: [B, T]; traj_index: [B], the trajectory of each row
+    (default: row i holds trajectory i) -> advantages [B, T], 0 on masked-out tokens. The group
+    mean removes each prompt's difficulty, as in GRPO; the scale comes from the whole batch
+    instead of each group's std, so a group whose returns barely vary keeps small advantages.
+    A group of one gets 0 before whitening, as in ``grpo_advantages`` (verl keeps its raw return).
+    """
+    centered = drgrpo_advantages(returns, group_ids)  # [N]
+    tokens = broadcast_to_tokens(centered if traj_index is None else centered[traj_index], response_mask)
+    return torch.where(response_mask > 0, masked_whiten(tokens, response_mask), 0.0)
+
+
 # ----------------------------------------------------------------------------- turn-level credit
 
 
@@ -399,3 +422,67 @@ def turn_values_to_tokens(per_turn: Sequence[Sequence[float]], traj_index: Tenso
     index = run_in_row + torch.tensor(offset, device=response_mask.device)[:, None]
     table = torch.tensor(flat + [0.0], dtype=torch.float32, device=response_mask.device)
     return torch.where(valid, table[index.clamp(0, len(flat))], 0.0)
+
+
+# ----------------------------------------------------------------------------- RAGEN's options around the estimator
+
+REWARD_NORM_METHODS = ("identity", "mean", "mean_std", "asym_clip")
+
+
+def normalize_returns(returns: Tensor, groups: Sequence[Hashable], method: str = "identity") -> Tensor:
+    """RAGEN's reward normalisation: each episode's return against the other returns of its group.
+
+    returns: [N] episode returns; groups: N hashable keys (episodes with one key are normalised
+    together) -> [N]. Methods: identity; mean, the return minus its group's mean; mean_std, also
+    divided by the group's unbiased std + 1e-6, where a group whose std is <= 1e-6 (returns all
+    equal, or a single episode) becomes 0; asym_clip, mean_std clipped to [-1, 3], so a rare success
+    can stand out three times as far as a rare failure. As in RAGEN, nothing is normalised when
+    every episode is its own group: there is nothing to compare a return with.
+    """
+    if method not in REWARD_NORM_METHODS:
+        raise ValueError(f"method={method!r} is not allowed: use one of {', '.join(REWARD_NORM_METHODS)}")
+    if returns.ndim != 1 or len(groups) != len(returns):
+        raise ValueError(f"expected returns [N] and N group keys, got {tuple(returns.shape)} and {len(groups)} keys")
+    rows_of: dict[Hashable, list[int]] = defaultdict(list)
+    for i, key in enumerate(groups):
+        rows_of[key].append(i)
+    if method == "identity" or len(rows_of) == len(returns):
+        return returns
+    out = returns.clone()
+    for rows in rows_of.values():
+        x = returns[rows]
+        centered = x - x.mean()
+        if method != "mean":
+            std = x.std() if len(rows) > 1 else x.new_zeros(())
+            centered = centered / (std + 1e-6) if std > 1e-6 else torch.zeros_like(x)
+            if method == "asym_clip":
+                centered = centered.clamp(-1.0, 3.0)
+        out[rows] = centered
+    return out
+
+
+def soft_reweight_weights(returns: Tensor, group_ids: Tensor, eps: float = 1e-6) -> Tensor:
+    """RAGEN's soft advantage reweighting: a weight per episode, its group's return std over the batch's largest.
+
+    returns, group_ids: [N] -> weights [N] in [0, 1). The soft form of SNR-aware filtering: instead
+    of dropping the groups whose returns barely vary, their advantages shrink in proportion to the
+    spread. std is the unbiased one, as GRPO's; a group of one has no spread and counts 0 (RAGEN
+    gives it GRPO's placeholder std, 1, which would set the scale of every other group).
+    """
+    _check_batch(returns, group_ids)
+    size, total = _group_sums(returns, group_ids)
+    _, sq_sum = _group_sums((returns - total / size) ** 2, group_ids)
+    std = torch.where(size > 1, torch.sqrt(sq_sum / (size - 1).clamp_min(1.0)), 0.0)
+    return std / (std.max() + eps)
+
+
+def length_weighted(advantages: Tensor, response_mask: Tensor) -> Tensor:
+    """RAGEN's grpo_advantage_length_weight: each row's advantages over its length relative to the batch's mean.
+
+    advantages, response_mask: [B, T] -> [B, T]. A sequence twice the mean length gets half the
+    per-token advantage, so under token-mean aggregation every sequence carries about the same
+    total weight, whatever its length, and long answers stop dominating the update.
+    """
+    _check_same_shape(advantages=advantages, response_mask=response_mask)
+    lengths = response_mask.sum(dim=-1).float()  # [B]
+    return advantages / ((lengths + 1e-6) / lengths.mean())[:, None]

@@ -75,9 +75,13 @@ from ragen2.rl.advantages import (
     gae_advantages,
     gigpo_advantages,
     grpo_advantages,
+    length_weighted,
+    normalize_returns,
     place_terminal_reward,
     reinforce_pp_advantages,
+    reinforce_pp_baseline_advantages,
     rloo_advantages,
+    soft_reweight_weights,
     turn_ends,
     turn_values_to_tokens,
 )
@@ -106,6 +110,7 @@ DEFAULT_LOSS_AGG = {
     "dapo": "token-mean",
     "rloo": "token-mean",
     "reinforce_pp": "token-mean",
+    "reinforce_pp_baseline": "token-mean",
     "gigpo": "token-mean",
 }
 
@@ -115,6 +120,13 @@ OUTCOME_ADVANTAGES = {
     "dapo": grpo_advantages,
     "drgrpo": drgrpo_advantages,
     "rloo": rloo_advantages,
+}
+
+# What groups episodes for reward normalisation (`algo.reward_norm_grouping`; RAGEN's group_id, tag, one batch).
+REWARD_NORM_GROUPING = {
+    "state": lambda t: t.group_id,
+    "inductive": lambda t: t.env_name,
+    "batch": lambda t: None,
 }
 
 
@@ -339,9 +351,21 @@ def filter_phase(run: Run, trajectories: list[Trajectory]) -> tuple[list[Traject
 
 
 def advantage_phase(run: Run, kept: list[Trajectory]) -> Batch:
-    """Pad the kept trajectories into a Batch and attach advantages (and PPO's value targets)."""
+    """Pad the kept trajectories into a Batch and attach advantages (and PPO's value targets).
+
+    In RAGEN's order (docs/algorithms.md): returns normalised within their groups, the estimator,
+    soft reweighting by group std, length weighting, `algo.task_advantage_scale`.
+    """
     a = run.config.algo
     batch = build_batch(kept, run.tokenizer.pad_token_id).to(run.device)
+    # Per trajectory, not per sequence: with one sequence per turn, a long episode must
+    # not weigh more in its group's baseline.
+    returns = torch.tensor([t.episode_return for t in kept], device=run.device)  # [N]
+    groups = torch.tensor([t.group_id for t in kept], device=run.device)  # [N]
+    if a.reward_norm_method != "identity":
+        keys = [REWARD_NORM_GROUPING[a.reward_norm_grouping](t) for t in kept]
+        returns = normalize_returns(returns, keys, a.reward_norm_method)
+        batch.returns = returns[batch.traj_index]  # what the token-reward estimators read
     if a.name == "ppo":
         with torch.no_grad():
             batch.old_values = _in_micro_batches(
@@ -363,13 +387,15 @@ def advantage_phase(run: Run, kept: list[Trajectory]) -> Batch:
             mode=a.gigpo_mode, episode_stats=a.gigpo_episode_stats,
         )
         advantages = turn_values_to_tokens(per_turn, batch.traj_index, batch.mask)  # [B, T-1]
+    elif a.name == "reinforce_pp_baseline":
+        advantages = reinforce_pp_baseline_advantages(returns, groups, batch.mask, batch.traj_index)
     else:
-        # Per trajectory, not per sequence: with one sequence per turn, a long episode must
-        # not weigh more in its group's baseline.
-        returns = torch.tensor([t.episode_return for t in kept], device=run.device)  # [N]
-        groups = torch.tensor([t.group_id for t in kept], device=run.device)  # [N]
         per_trajectory = OUTCOME_ADVANTAGES[a.name](returns, groups)  # [N]
         advantages = broadcast_to_tokens(per_trajectory[batch.traj_index], batch.mask)  # [B, T-1]
+    if a.soft_advantage_reweight:
+        advantages = advantages * soft_reweight_weights(returns, groups)[batch.traj_index, None]
+    if a.grpo_advantage_length_weight:
+        advantages = length_weighted(advantages, batch.mask)
     batch.advantages = a.task_advantage_scale * advantages
     return batch
 
