@@ -13,6 +13,7 @@ through `Targets`, as an attacker who knows the project's layout would.
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
 import pyseccomp
@@ -146,6 +147,235 @@ SESSION_KEYRING_READER = syscalls("keyctl") + (
     "    got = call('keyctl', 11, serial, payload, 4096)\n"
     "    print('key', serial, payload.raw[:got] if isinstance(got, int) else got, file=sys.stderr)\n"
 )
+
+
+def exit42_elf() -> bytes:
+    """A complete static x86-64 Linux executable that calls exit(42): an ELF header, one segment, 12 bytes of code."""
+    code = bytes.fromhex("bf2a000000" "b83c000000" "0f05")  # mov edi, 42; mov eax, 60 (exit); syscall
+    base, size = 0x400000, 64 + 56 + len(code)
+    header = b"\x7fELF" + bytes([2, 1, 1]) + bytes(9)  # 64-bit, little-endian, version 1
+    header += struct.pack("<HHIQQQIHHHHHH", 2, 0x3E, 1, base + 120, 64, 0, 0, 64, 56, 1, 0, 0, 0)  # x86-64 EXEC
+    segment = struct.pack("<IIQQQQQQ", 1, 5, 0, base, base, size, size, 0x1000)  # PT_LOAD, read + execute
+    return header + segment + code
+
+
+# run(argv, keep): exec argv in a child through _posixsubprocess, loaded under another name so that the audit
+# hook does not see it imported; returns how the child ended, or the errno name its exec failed with.
+_FORK_EXEC = r'''
+import errno, glob, importlib.machinery, importlib.util, os, sys
+
+def run(argv, keep=()):
+    path = next(p for folder in sys.path for p in glob.glob(os.path.join(folder, '_posixsubprocess*')))
+    loader = importlib.machinery.ExtensionFileLoader('x._posixsubprocess', path)
+    posixsubprocess = loader.create_module(importlib.util.spec_from_file_location('x._posixsubprocess', path,
+                                                                                 loader=loader))
+    loader.exec_module(posixsubprocess)
+    err_r, err_w = os.pipe()
+    pid = posixsubprocess.fork_exec(argv, [argv[0]], True, tuple(sorted((err_w, *keep))), None, None,
+        -1, -1, -1, -1, -1, -1, err_r, err_w, False, False, -1, None, None, None, -1, None, False)
+    os.close(err_w)
+    failure = os.read(err_r, 4096).decode()  # "OSError:<errno in hex>:..." when its exec failed
+    status = os.waitpid(pid, 0)[1]
+    return errno.errorcode[int(failure.split(':')[1], 16)] if failure else f'ran: exit {os.waitstatus_to_exitcode(status)}'
+'''
+
+
+def battery_v3(t: Targets) -> list[Hostile]:
+    """Kernel interfaces past the namespaces: binaries without files, memory outside the caps, keyrings, stdin."""
+    twice_the_cap = 2 * t.memory_mb
+    elf = exit42_elf().hex()
+    memfd_exec = _FORK_EXEC + (
+        "try:\n"
+        "    fd = os.memfd_create('x', 0)\n"
+        f"    os.write(fd, bytes.fromhex({elf!r}))\n"
+        "    print('memfd binary:', run([f'/proc/self/fd/{fd}'.encode()], keep=(fd,)), file=sys.stderr)\n"
+        "except OSError as e:\n"
+        "    print('memfd_create:', errno.errorcode[e.errno], file=sys.stderr)"
+    )
+    tmp_exec = _FORK_EXEC + (
+        f"open('/tmp/exit42', 'wb').write(bytes.fromhex({elf!r}))\n"
+        "os.chmod('/tmp/exit42', 0o755)\n"
+        "print('binary in /tmp:', run([b'/tmp/exit42']), file=sys.stderr)"
+    )
+    interpreter_exec = _FORK_EXEC + (
+        "print('interpreter:', run([b'/proc/self/exe', b'-S', b'-c', b'import os; os._exit(42)']), file=sys.stderr)"
+    )
+    # Fills files of 960 KiB (under RLIMIT_FSIZE) made by `create(i)` until it holds twice the memory cap.
+    fill = (
+        "def fill(create):\n"
+        "    held = 0\n"
+        "    try:\n"
+        f"        while held < {twice_the_cap} << 10:\n"
+        "            fd = create(held)\n"
+        "            os.posix_fallocate(fd, 0, 960 << 10)\n"
+        "            os.close(fd)\n"
+        "            held += 960\n"
+        "    except OSError as e:\n"
+        "        print('fill:', errno.errorcode[e.errno], file=sys.stderr)\n"
+        "    return held >> 10\n"
+    )
+    tmpfs_in_namespace = syscalls("unshare") + fill + (
+        "uid, gid = os.getuid(), os.getgid()\n"
+        "result = call('unshare', 0x10000000 | 0x00020000)  # CLONE_NEWUSER | CLONE_NEWNS\n"
+        "print('unshare:', result, file=sys.stderr)\n"
+        "if result == 0:\n"
+        "    for name, text in (('setgroups', 'deny'), ('uid_map', f'0 {uid} 1'), ('gid_map', f'0 {gid} 1')):\n"
+        "        with open(f'/proc/self/{name}', 'w') as f:\n"
+        "            f.write(text)\n"
+        "    libc.mount.argtypes = (ctypes.c_char_p,) * 3 + (ctypes.c_ulong, ctypes.c_char_p)\n"
+        "    print('mount:', libc.mount(b'none', b'/tmp', b'tmpfs', 0, None), file=sys.stderr)  # no size=\n"
+        "    held = fill(lambda i: os.open(f'/tmp/fill-{i}', os.O_CREAT | os.O_RDWR))\n"
+        "    print(f'tmpfs held {held} MiB', file=sys.stderr)"
+    )
+    clone_namespaces = syscalls("clone", "clone3", "setns") + (
+        "for name, flag in (('CLONE_NEWUSER', 0x10000000), ('CLONE_NEWNS', 0x20000), ('CLONE_NEWNET', 0x40000000)):\n"
+        "    pid = call('clone', flag | 17, 0, 0, 0, 0)  # | SIGCHLD: a fork into the new namespace\n"
+        "    if pid == 0:\n"
+        "        os._exit(0)\n"
+        "    print('clone', name + ':', 'allowed' if isinstance(pid, int) else pid, file=sys.stderr)\n"
+        "    if isinstance(pid, int):\n"
+        "        os.waitpid(pid, 0)\n"
+        "args = (ctypes.c_uint64 * 11)(0x10000000, 0, 0, 0, 17)  # struct clone_args: CLONE_NEWUSER, SIGCHLD\n"
+        "pid = call('clone3', args, ctypes.sizeof(args))\n"
+        "if pid == 0:\n"
+        "    os._exit(0)\n"
+        "print('clone3:', 'allowed' if isinstance(pid, int) else pid, file=sys.stderr)\n"
+        "print('setns:', call('setns', os.open('/proc/self/ns/mnt', os.O_RDONLY), 0), file=sys.stderr)"
+    )
+    sysv_shm = syscalls("shmget", "shmat", "shmdt") + (
+        "held = 0\n"
+        f"while held < {twice_the_cap}:\n"
+        "    shmid = call('shmget', 0, 64 << 20, 0o1600)  # IPC_PRIVATE, IPC_CREAT | 0600; never removed\n"
+        "    if not isinstance(shmid, int):\n"
+        "        print('shmget:', shmid, file=sys.stderr)\n"
+        "        break\n"
+        "    address = call('shmat', shmid, 0, 0)\n"
+        "    ctypes.memset(address, 1, 64 << 20)\n"
+        "    call('shmdt', ctypes.c_void_p(address))  # detached: out of its address space, still in memory\n"
+        "    held += 64\n"
+        "print(f'SysV shm held {held} MiB', file=sys.stderr)"
+    )
+    posix_shm = (
+        "import _posixshmem, errno, os, sys\n"
+        + fill
+        + "held = fill(lambda i: _posixshmem.shm_open(f'/fill-{i}', os.O_CREAT | os.O_RDWR, 0o600))\n"
+        "print(f'POSIX shm held {held} MiB', file=sys.stderr)"
+    )
+    pipe_buffers = (
+        "import errno, fcntl, os, sys\n"
+        "held, pipes = 0, 0\n"
+        "try:\n"
+        "    while True:\n"
+        "        r, w = os.pipe()\n"
+        "        pipes += 1\n"
+        "        fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 1 << 20)\n"
+        "        os.set_blocking(w, False)\n"
+        "        try:\n"
+        "            while True:\n"
+        "                held += os.write(w, bytes(1 << 16))\n"
+        "        except BlockingIOError:\n"
+        "            pass\n"
+        "except OSError as e:\n"
+        "    print('pipes:', errno.errorcode[e.errno], file=sys.stderr)\n"
+        "print(f'{pipes} pipes held {held >> 20} MiB', file=sys.stderr)"
+    )
+    plant_keys = syscalls("add_key", "keyctl") + (
+        "for ring, name in ((-4, 'user'), (-5, 'user-session'), (-3, 'session')):\n"
+        "    key = call('add_key', b'user', b'ragen2-planted', b'left for a later run', 20, ring)\n"
+        "    print('add_key to the', name, 'keyring:', 'allowed' if isinstance(key, int) else key, file=sys.stderr)\n"
+        "print('keyctl setperm:', call('keyctl', 5, -4, 0x3f3f3f3f), file=sys.stderr)  # open to every uid"
+    )
+    read_left_keys = syscalls("keyctl") + (
+        "try:\n"
+        "    print('/proc/keys:', open('/proc/keys').read().replace('\\n', '; '), file=sys.stderr)\n"
+        "except OSError as e:\n"
+        "    print('/proc/keys:', type(e).__name__, file=sys.stderr)\n"
+        "for ring, name in ((-4, 'user'), (-5, 'user-session')):\n"
+        "    key = call('keyctl', 10, ring, b'user', b'ragen2-planted', 0)  # KEYCTL_SEARCH\n"
+        "    payload = ctypes.create_string_buffer(64)\n"
+        "    got = call('keyctl', 11, key, payload, 64) if isinstance(key, int) else key  # KEYCTL_READ\n"
+        "    print(name, 'keyring:', payload.raw[:got] if isinstance(got, int) else got, file=sys.stderr)"
+    )
+    join_keyring = syscalls("keyctl") + (
+        "ring = call('keyctl', 1, b'ragen2-shared')  # KEYCTL_JOIN_SESSION_KEYRING by name: a later run would join it\n"
+        "print('keyctl join:', 'allowed' if isinstance(ring, int) else ring, file=sys.stderr)"
+    )
+    reopen_stdin = (
+        "import errno, os, sys\n"
+        "for what, attempt in (\n"
+        "    ('reopen and write', lambda: os.write(os.open('/proc/self/fd/0', os.O_RDWR), b'#!/bin/sh\\n')),\n"
+        "    ('fchmod 06755', lambda: os.fchmod(0, 0o6755)),\n"
+        "    ('chmod 06755', lambda: os.chmod('/proc/self/fd/0', 0o6755)),\n"
+        "):\n"
+        "    try:\n"
+        "        attempt()\n"
+        "        print(what + ': allowed', file=sys.stderr)\n"
+        "    except OSError as e:\n"
+        "        print(what + ':', errno.errorcode.get(e.errno, e), file=sys.stderr)"
+    )
+    io_uring = syscalls("io_uring_setup") + (
+        "params = (ctypes.c_uint8 * 120)()  # struct io_uring_params, all defaults\n"
+        "print('io_uring_setup:', call('io_uring_setup', 8, params), file=sys.stderr)"
+    )
+    userfaultfd = syscalls("userfaultfd") + (
+        "print('userfaultfd:', call('userfaultfd', 1 | 0o2000000), file=sys.stderr)  # user mode only, cloexec"
+    )
+    perf_events = syscalls("perf_event_open") + (
+        "attr = (ctypes.c_uint8 * 128)()  # struct perf_event_attr: software CPU clock of this process, user space\n"
+        "struct_fields = (ctypes.c_uint32 * 2).from_buffer(attr)\n"
+        "struct_fields[:] = [1, 128]  # PERF_TYPE_SOFTWARE, size\n"
+        "(ctypes.c_uint64).from_buffer(attr, 40).value = 1 << 5 | 1 << 6  # exclude_kernel, exclude_hv\n"
+        "print('perf_event_open:', call('perf_event_open', attr, 0, -1, -1, 0), file=sys.stderr)"
+    )
+    bpf = syscalls("bpf") + (
+        "attr = (ctypes.c_uint32 * 18)(2, 4, 4, 1)  # BPF_MAP_TYPE_ARRAY, 4-byte keys and values, 1 entry\n"
+        "print('bpf map:', call('bpf', 0, attr, ctypes.sizeof(attr)), file=sys.stderr)"
+    )
+    child_memory = syscalls("ptrace", "process_vm_readv") + (
+        "import time\n"
+        "secret = ctypes.create_string_buffer(b'in the child only')\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    time.sleep(5)\n"
+        "    os._exit(0)\n"
+        "secret.value = b'parent'\n"
+        "print('ptrace attach:', call('ptrace', 16, pid, 0, 0), file=sys.stderr)\n"
+        "got = ctypes.create_string_buffer(32)\n"
+        "local = (ctypes.c_void_p * 2)(ctypes.addressof(got), 32)\n"
+        "remote = (ctypes.c_void_p * 2)(ctypes.addressof(secret), 32)\n"
+        "print('process_vm_readv:', call('process_vm_readv', pid, local, 1, remote, 1, 0), got.value, file=sys.stderr)\n"
+        "os.kill(pid, 9)\n"
+        "os.waitpid(pid, 0)"
+    )
+    kernel_calls = syscalls("init_module", "finit_module", "delete_module", "kexec_load", "reboot", "swapon", "acct",
+                            "settimeofday", "syslog") + (
+        "for name, args in (('init_module', (b'', 0, b'')), ('finit_module', (0, b'', 0)),\n"
+        "                   ('delete_module', (b'loop', 0)), ('kexec_load', (0, 0, 0, 0)),\n"
+        "                   ('reboot', (0xfee1dead, 0x28121969, 0x4321fedc, 0)), ('swapon', (b'/tmp/x', 0)),\n"
+        "                   ('acct', (b'/tmp/x',)), ('settimeofday', (0, 0)), ('syslog', (3, 0, 0))):\n"
+        "    print(name + ':', call(name, *args), file=sys.stderr)"
+    )  # fmt: skip
+    return [
+        Hostile("execs a static binary from a memfd", memfd_exec, 0.0),
+        Hostile("execs a static binary it wrote to /tmp", tmp_exec, 0.0),
+        Hostile("execs the interpreter through /proc/self/exe", interpreter_exec, 0.0),
+        Hostile("mounts a tmpfs in a new user namespace and fills it past the cap", tmpfs_in_namespace, 0.0),
+        Hostile("clones into new namespaces (clone, clone3, setns)", clone_namespaces, 0.0),
+        Hostile("grows SysV shared memory past the cap", sysv_shm, 0.0),
+        Hostile("fills /dev/shm with POSIX shared memory", posix_shm, 0.0),
+        Hostile("holds memory in pipe buffers", pipe_buffers, 0.0),
+        Hostile("leaves keys in the user, user-session and session keyrings", plant_keys, 0.0),
+        Hostile("reads keys an earlier run left (/proc/keys, KEYCTL_SEARCH)", read_left_keys, 0.0),
+        Hostile("joins a named session keyring for later runs", join_keyring, 0.0),
+        Hostile("reads the host's session keyring", SESSION_KEYRING_READER, 0.0),
+        Hostile("reopens its stdin for writing and makes it setuid", reopen_stdin, 0.0),
+        Hostile("io_uring_setup", io_uring, 0.0),
+        Hostile("userfaultfd", userfaultfd, 0.0),
+        Hostile("perf_event_open on itself", perf_events, 0.0),
+        Hostile("creates a BPF map", bpf, 0.0),
+        Hostile("reads its child's memory (ptrace, process_vm_readv)", child_memory, 0.0),
+        Hostile("loads modules, kexec, reboot, swapon, acct, sets the clock", kernel_calls, 0.0),
+    ]
 
 
 def reward_hacks(t: Targets) -> list[Hostile]:
@@ -378,4 +608,5 @@ def battery(t: Targets) -> list[Hostile]:
         Hostile("many processes times memory", grab, 0.0),
         Hostile("raises its rlimits, then allocates twice the cap", raise_limits, 0.0),
         Hostile("ptrace of the host, its parent and itself", ptrace, 0.0),
+        *battery_v3(t),
     ]

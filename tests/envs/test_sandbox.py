@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pyseccomp
 import pytest
-from hostile import DOUBLE, SESSION_KEYRING_READER, SUM, Hostile, Targets, battery, reward_hacks
+from hostile import DOUBLE, SESSION_KEYRING_READER, SUM, Hostile, Targets, battery, battery_v3, exit42_elf, reward_hacks
 
 import ragen2.envs.code_problems
 import ragen2.envs.codeexec
@@ -105,6 +105,7 @@ def host_targets() -> Iterator[Targets]:
         Path(folder, leftover).chmod(0o644)
     before = {path: _digest(path) for path in GRADER_FILES}
     files_before = set() if ROOT else _sandbox_files()  # without root the programs' files are the host user's
+    keys_before = _sandbox_keys()
     targets = Targets(
         tcp_port=tcp.getsockname()[1],
         unix_path=unix_path,
@@ -129,9 +130,7 @@ def host_targets() -> Iterator[Targets]:
             assert not os.path.exists(os.path.join(folder, targets.persist))
             assert Path(folder, leftover).read_text() == SECRET
         assert {path: _digest(path) for path in GRADER_FILES} == before
-        time.sleep(0.2)  # a killed run's processes are being reaped
-        assert not _sandbox_processes()
-        assert not _sandbox_files() - files_before
+        assert_nothing_left(files_before, keys_before, "all programs")
     finally:
         del os.environ["RAGEN2_FAKE_SECRET"]
         for s in listeners:
@@ -148,15 +147,38 @@ def _digest(path: str) -> str:
 
 
 def run_battery(audit_hook: bool) -> list[dict]:
-    """Grade every hostile program next to a correct one; one row per hostile program."""
+    """Grade every hostile program next to a correct one, checking the host after each; one row per program."""
     limits = Limits(**{**BATTERY_LIMITS.__dict__, "audit_hook": audit_hook})
     with host_targets() as targets, ThreadPoolExecutor(max_workers=2) as pool:
-        cases = battery(targets)
-        pairs = []
-        for case in cases:  # each hostile program runs next to a correct one
+        files_before = set() if ROOT else _sandbox_files()
+        keys_before = _sandbox_keys()
+        rows = []
+        for case in battery(targets):  # each hostile program runs next to a correct one
             hostile = pool.submit(grade, case.problem, case.source + "\n", limits)
-            pairs.append((hostile, pool.submit(grade, SUM, SUM.solution, limits)))
-        return [_row(case, h.result(), g.result()) for case, (h, g) in zip(cases, pairs)]
+            good = pool.submit(grade, SUM, SUM.solution, limits)
+            rows.append(_row(case, hostile.result(), good.result()))
+            assert_nothing_left(files_before, keys_before, case.name)
+        return rows
+
+
+def assert_nothing_left(files_before: set[str], keys_before: dict[int, int], after: str) -> None:
+    """No process of a sandbox uid alive, no key or file of one (without root: of ours) added on the host.
+
+    A killed run's processes take a moment to be reaped, and its session keyring to be
+    collected (without root the program's keys are ours), so this waits up to 2 s for both.
+    """
+    deadline = time.monotonic() + 2.0
+    while True:
+        keys = _sandbox_keys()
+        left = {
+            "processes": _sandbox_processes(),
+            "keys": {uid: n for uid, n in keys.items() if n > keys_before.get(uid, 0)},
+            "files": sorted(_sandbox_files() - files_before),
+        }
+        if not any(left.values()) or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    assert not any(left.values()), f"after {after!r} the host has {left}"
 
 
 def _row(case: Hostile, outcomes: list[GradedTest], good: list[GradedTest]) -> dict:
@@ -178,7 +200,7 @@ def _row(case: Hostile, outcomes: list[GradedTest], good: list[GradedTest]) -> d
 @pytest.mark.parametrize("audit_hook", [False, True], ids=["os-alone", "with-audit-hook"])
 def test_hostile_battery_gets_its_reward_and_leaves_host_and_neighbours_alone(audit_hook):
     rows = run_battery(audit_hook)
-    assert len(rows) >= 30
+    assert len(rows) >= 50
     for r in rows:
         assert r["reward"] == r["expected"], r
         assert r["good_reward"] == 1.0, r  # the correct program running next to it was unaffected
@@ -204,6 +226,53 @@ def test_hostile_battery_gets_its_reward_and_leaves_host_and_neighbours_alone(au
     assert "no shell: OSError:1:" in by_name["exec bypass of the audit hook, then cat the tests"]["outputs"]  # EPERM
     if not audit_hook:  # the OS refused it, not the hook
         assert by_name["host abstract AF_UNIX socket"]["outcome"].startswith("ConnectionRefusedError")
+    # Battery v3: no refused call succeeded (a call prints "name: <errno name>", or a number when it succeeded) and
+    # no binary ran. Without root the program's stdin pipe belongs to its own uid, the host user's: reopening it
+    # reaches only its own input.
+    for case in battery_v3(_placeholder_targets()):
+        if ROOT or "stdin" not in case.name:
+            assert not re.search(r": (allowed|ran: .*|-?\d+)$", by_name[case.name]["outputs"], re.M), case.name
+    for name, refusal in V3_REFUSALS.items():
+        if not audit_hook or "execs" in name:  # the exec programs get past the hook; the others import ctypes
+            assert refusal in by_name[name]["outputs"], (name, by_name[name]["outputs"])
+    if ROOT and not audit_hook:
+        assert "reopen and write: EACCES" in by_name["reopens its stdin for writing and makes it setuid"]["outputs"]
+    scratch_mb = 4 * BATTERY_LIMITS.max_file_bytes / 2**20  # the run's tmpfs, /dev/shm included
+    for held in re.findall(r"POSIX shm held (\d+) MiB", by_name["fills /dev/shm with POSIX shared memory"]["outputs"]):
+        assert int(held) <= scratch_mb
+    for held in re.findall(r"pipes held (\d+) MiB", by_name["holds memory in pipe buffers"]["outputs"]):
+        assert int(held) <= BATTERY_LIMITS.max_open_files // 2  # 1 MiB per pipe, two descriptors each
+
+
+# What the OS answers each battery-v3 program (hook off), in its output.
+V3_REFUSALS = {
+    "execs a static binary from a memfd": "memfd_create: EPERM",
+    "execs a static binary it wrote to /tmp": "binary in /tmp: EPERM",
+    "execs the interpreter through /proc/self/exe": "interpreter: EPERM",
+    "mounts a tmpfs in a new user namespace and fills it past the cap": "unshare: EPERM",
+    "clones into new namespaces (clone, clone3, setns)": "clone CLONE_NEWUSER: EPERM",
+    "grows SysV shared memory past the cap": "shmget: EPERM",
+    "leaves keys in the user, user-session and session keyrings": "add_key to the user keyring: EPERM",
+    "reads keys an earlier run left (/proc/keys, KEYCTL_SEARCH)": "user keyring: EPERM",
+    "joins a named session keyring for later runs": "keyctl join: EPERM",
+    "reads the host's session keyring": "session keyring: EPERM",
+    "io_uring_setup": "io_uring_setup: EPERM",
+    "userfaultfd": "userfaultfd: EPERM",
+    "perf_event_open on itself": "perf_event_open: EPERM",
+    "creates a BPF map": "bpf map: EPERM",
+    "reads its child's memory (ptrace, process_vm_readv)": "ptrace attach: EPERM",
+    "loads modules, kexec, reboot, swapon, acct, sets the clock": "kexec_load: EPERM",
+}
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the battery's binary is an x86-64 executable")
+def test_the_battery_binary_runs_outside_the_sandbox():
+    fd = os.memfd_create("exit42", 0)  # as the memfd program does, without the sandbox's filter
+    try:
+        os.write(fd, exit42_elf())
+        assert subprocess.run([f"/proc/self/fd/{fd}"], pass_fds=[fd], timeout=10).returncode == 42
+    finally:
+        os.close(fd)
 
 
 @isolated
@@ -622,6 +691,17 @@ def _sandbox_processes() -> list[int]:
             program = uid in SANDBOX_UIDS if ROOT else uid == os.getuid() and pid_namespace != own_pid_namespace
             if program and "State:\tZ" not in status:
                 found.append(int(entry))
+    return found
+
+
+def _sandbox_keys() -> dict[int, int]:
+    """Kernel keys per uid of the sandbox's (without root: ours), from /proc/key-users."""
+    owners = SANDBOX_UIDS if ROOT else (os.getuid(),)
+    found = {}
+    for line in Path("/proc/key-users").read_text().splitlines():  # "  uid: usage nkeys/nikeys ..."
+        uid, counts = line.split(":", 1)
+        if int(uid) in owners:
+            found[int(uid)] = int(counts.split()[1].split("/")[0])
     return found
 
 
