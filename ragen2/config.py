@@ -9,6 +9,7 @@ dotted path and the closest valid keys, a bad value names the allowed values.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 import types
@@ -68,7 +69,16 @@ class RolloutConfig:
     num_groups: int = _f(8, "P: distinct environment seeds (prompts) per step. Reference: 8.")
     group_size: int = _f(8, "G: rollouts per seed. Reference: 16; smaller on CPU.")
     max_turns: int = _f(5, "Turns per episode. Reference: 5.")
-    max_actions_per_turn: int = _f(2, "Actions per answer, separated by `||`. Reference: 2.")
+    max_actions_per_turn: int = _f(2, "Actions per answer, separated by rollout.action_sep. Reference: 2.")
+    action_sep: str = _f(
+        "||", "Separator of the actions in an answer; the environments' instructions show it. Reference: `||` "
+        "(agent_proxy.action_sep).",
+    )
+    enable_think: bool = _f(
+        True, "true: a turn is `<think>reasoning</think><answer>actions</answer>`. false (no-think RL): "
+        "`<answer>actions</answer>` only, the prompt ends with `<answer>`, and the collapse proxies have no "
+        "reasoning to score (docs/environments.md#turn-format-options). Reference: true (agent_proxy.enable_think).",
+    )
     max_tokens_per_turn: int = _f(96, "Cap on generated tokens per turn.")
     format_penalty: float = _f(-0.1, "Reward added to a malformed turn or one with an invalid action.")
     context_turns: int | None = _f(
@@ -81,6 +91,13 @@ class RolloutConfig:
     )
     temperature: float = _f(1.0, "Sampling temperature during training rollouts. Reference: 1.0.")
     top_p: float = _f(1.0, "Nucleus sampling threshold.")
+    top_k: int = _f(-1, "Sample among the k most likely tokens (before top_p); -1 = off. Reference: -1.")
+    max_model_len: int | None = _f(
+        None,
+        "Cap on a prompt's tokens: while a turn's prompt is longer, its oldest earlier turns are left out (the system "
+        "prompt and the current state stay); an episode where that happened trains one sequence per turn. "
+        "null = off. Reference: 3600 (actor_rollout_ref.rollout.max_model_len).",
+    )
     backend: Literal["hf", "vllm"] = _f(
         "hf",
         "Generation engine of training rollouts: hf (a decoding loop over the policy's own forward) or vllm (a vLLM "
@@ -118,6 +135,14 @@ class RolloutConfig:
             raise ConfigError(f"rollout.temperature={self.temperature} is not allowed: use 0 (greedy) or a positive number")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"rollout.top_p={self.top_p} is not allowed: use a number in (0, 1]")
+        if self.top_k != -1 and self.top_k < 1:
+            raise ConfigError(f"rollout.top_k={self.top_k} is not allowed: use -1 (off) or an integer >= 1")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ConfigError(f"rollout.max_model_len={self.max_model_len} is not allowed: use null (off) or an integer >= 1")
+        from ragen2.agent.parsing import TAGS  # here: ragen2.agent imports this module
+
+        if not self.action_sep or any(tag in self.action_sep for tag in TAGS):
+            raise ConfigError(f"rollout.action_sep={self.action_sep!r} is not allowed: use non-empty text without a tag")
 
 
 @dataclass
@@ -780,6 +805,11 @@ def validate(config: Config) -> None:
             f"filter.metric={config.filter.metric} needs rollout.group_size >= 2; "
             "set filter.strategy=none or a larger group."
         )
+    if not r.enable_think and config.collapse.enable:
+        logging.getLogger("ragen2").warning(
+            "rollout.enable_think=false: turns have no reasoning, so the collapse proxies have nothing to score "
+            "(collapse_*/num_pairs 0, valid_thinking_rate 0, the proxies n/a); collapse.enable=false skips them"
+        )
     if r.backend == "vllm" and config.model.lora_rank > 0:
         raise ConfigError(
             f"rollout.backend=vllm pushes full weights to vLLM, but model.lora_rank={config.model.lora_rank}; "
@@ -830,7 +860,7 @@ def config_markdown() -> str:
         "| key | default | meaning |",
         "|---|---|---|",
     ]
-    lines += [f"| `{k}` | `{d}` | {_cell(h)} |" for k, d, h in describe()]
+    lines += [f"| `{k}` | `{_cell(d)}` | {_cell(h)} |" for k, d, h in describe()]
     return "\n".join(lines) + "\n"
 
 

@@ -17,7 +17,14 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Protocol, runtime_checkable
 
 import torch
-from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase, StopStringCriteria, TopPLogitsWarper
+from transformers import (
+    DynamicCache,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    StopStringCriteria,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
 from ragen2.agent.prefix_cache import CachedPrefix, PrefixStore, common_prefix_length
 from ragen2.agent.types import GenerationOutput
@@ -52,13 +59,14 @@ class GenerationBackend(Protocol):
         max_new_tokens: int,
         temperature: float,
         top_p: float,
+        top_k: int = -1,
         seeds: list[int] | None = None,
     ) -> list[GenerationOutput]:
         """One output per prompt, in the order of `prompts`.
 
         `token_ids` holds only new tokens, ending with the stop token when one was produced
         (finish_reason "stop") or after `max_new_tokens` tokens (finish_reason "length").
-        `temperature == 0` means greedy decoding. `seeds` (one per prompt, optional): prompt
+        `temperature == 0` means greedy decoding; `top_k` -1 means no top-k cut. `seeds` (one per prompt, optional): prompt
         i is sampled from its own random stream seeded by `seeds[i]`, independent of the
         other prompts of the call.
         """
@@ -66,13 +74,16 @@ class GenerationBackend(Protocol):
 
 
 def check_generate_args(
-    prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float, seeds: list[int] | None
+    prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float, seeds: list[int] | None,
+    top_k: int = -1,
 ) -> None:
     """The argument checks every `GenerationBackend.generate` makes, with the same messages."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens} is not allowed: use an integer >= 1")
     if temperature < 0 or not 0 < top_p <= 1:
         raise ValueError(f"temperature={temperature}, top_p={top_p}: need temperature >= 0 and 0 < top_p <= 1")
+    if top_k != -1 and top_k < 1:
+        raise ValueError(f"top_k={top_k} is not allowed: use -1 (off) or an integer >= 1")
     if seeds is not None and len(seeds) != len(prompts):
         raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts: pass one seed per prompt, or None")
 
@@ -107,9 +118,9 @@ class HFBackend:
     uniform of that stream, so its sample does not depend on the batch. Padding and reuse
     change the logits in the last float bits, which can flip a token only when its uniform
     falls within that distance of a boundary of the cumulative distribution. The distribution
-    is exactly softmax(logits / temperature) restricted to `top_p`: top-k, repetition
+    is exactly softmax(logits / temperature) restricted to `top_k`, then to `top_p`: repetition
     penalties and other defaults of a checkpoint's `generation_config.json` play no part, so
-    a policy-gradient update sees the policy that actually sampled.
+    the only cuts of the policy's distribution are the ones the configuration asks for.
     """
 
     def __init__(
@@ -168,9 +179,10 @@ class HFBackend:
         max_new_tokens: int,
         temperature: float,
         top_p: float,
+        top_k: int = -1,
         seeds: list[int] | None = None,
     ) -> list[GenerationOutput]:
-        check_generate_args(prompts, max_new_tokens, temperature, top_p, seeds)
+        check_generate_args(prompts, max_new_tokens, temperature, top_p, seeds, top_k)
         outputs: list[GenerationOutput | None] = [None] * len(prompts)
         cached: list[CachedPrefix] = []
         was_training = self.model.training
@@ -182,7 +194,7 @@ class HFBackend:
                     if seeds is not None and temperature > 0:
                         uniforms = torch.stack([_uniforms(seeds[i], max_new_tokens) for i in chunk])  # [b, max_new_tokens]
                     batch, entries = self._generate_batch(
-                        [prompts[i] for i in chunk], max_new_tokens, temperature, top_p, uniforms
+                        [prompts[i] for i in chunk], max_new_tokens, temperature, top_p, top_k, uniforms
                     )
                     cached += entries
                     for i, out in zip(chunk, batch):
@@ -206,7 +218,7 @@ class HFBackend:
         return chunks
 
     def _generate_batch(
-        self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
+        self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float, top_k: int,
         uniforms: torch.Tensor | None = None,
     ) -> tuple[list[GenerationOutput], list[CachedPrefix]]:
         """Decode one batch; also returns, per row, the ids whose keys/values were computed and those keys/values
@@ -238,7 +250,8 @@ class HFBackend:
         results: list[tuple[list[int], list[float]] | None] = [None] * rows
         entries: list[CachedPrefix | None] = [None] * rows
         for t in range(max_new_tokens):
-            token, logp = draw(out.logits[:, -1], temperature, top_p, None if uniforms is None else uniforms[live.cpu(), t])
+            token, logp = draw(out.logits[:, -1], temperature, top_p, None if uniforms is None else uniforms[live.cpu(), t],
+                               top_k)
             tokens, logps = torch.cat([tokens, token[:, None]], 1), torch.cat([logps, logp[:, None]], 1)
             stopped = torch.isin(token, stop_ids)
             if self._stop_text is not None:
@@ -348,18 +361,24 @@ def _uniforms(seed: int, n: int) -> torch.Tensor:
     return torch.rand(n, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
 
-def draw(logits: torch.Tensor, temperature: float, top_p: float, uniforms: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def draw(
+    logits: torch.Tensor, temperature: float, top_p: float, uniforms: torch.Tensor | None, top_k: int = -1
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per row from logits [B, V], and its log-probability under the distribution drawn from.
 
     temperature 0: the argmax (log-probability under the model's softmax). Otherwise
-    softmax(logits / temperature) restricted to `top_p`; with `uniforms` [B] row r takes the
-    first token whose cumulative probability exceeds uniforms[r], else torch's global RNG draws.
+    softmax(logits / temperature) restricted to the `top_k` most likely tokens (-1: all; ties
+    at the k-th score stay), then to `top_p` (the order of vLLM and transformers); with
+    `uniforms` [B] row r takes the first token whose cumulative probability exceeds
+    uniforms[r], else torch's global RNG draws.
     """
     logits = logits.float()
     if temperature == 0:
         token = logits.argmax(-1)
         return token, logits.log_softmax(-1).gather(1, token[:, None])[:, 0]
     scores = logits / temperature
+    if top_k != -1:
+        scores = TopKLogitsWarper(top_k)(None, scores)
     if top_p < 1:
         scores = TopPLogitsWarper(top_p)(None, scores)
     probs = scores.softmax(-1)  # [B, V]

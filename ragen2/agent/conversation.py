@@ -13,6 +13,12 @@ Layout (full history, StarPO): the whole episode is one sequence
     tail      the template's end-of-turn after the last response                 mask 0
 
 and the prompt of turn k is exactly the prefix of that sequence before response_k.
+Without thinking (`rollout.enable_think=false`) `<answer>` takes the place of `<think>`.
+
+Two settings cut the history shown: `context_turns` (a sliding window of the last k turns)
+and `max_len` (`rollout.max_model_len`: the oldest turns are dropped while a prompt is
+longer, as RAGEN does). Prompts are then no longer prefixes of one sequence, and each turn
+becomes a training sample of its own, made of exactly the prompt the model saw.
 Everything that is not a model token comes from the tokenizer's chat template, so the same
 code serves ChatML (the tiny model, Qwen) and Llama-style templates. Generated tokens are
 never re-tokenised: only the environment text between responses is rendered and encoded,
@@ -28,13 +34,16 @@ not produce.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import pairwise
 
 from transformers import PreTrainedTokenizerBase
 
-from ragen2.agent.parsing import THINK_OPEN, reasoning_bounds
+from ragen2.agent.parsing import ResponseFormat, reasoning_bounds
+
+log = logging.getLogger(__name__)
 
 # Stand-in for an assistant message when rendering the template: whatever the template
 # prints after it is the environment text that follows a response.
@@ -51,6 +60,8 @@ class _Turn:
     user: str  # rendered user message
     head_ids: list[int] | None  # system + this user message + gen-prefix <think>: a context starting here
     delta_ids: list[int] | None  # end of the previous response's turn + this user message + gen-prefix <think>
+    first: int = 0  # index of the first turn shown in this turn's prompt
+    dropped: int = 0  # earlier turns left out of this turn's prompt by max_len
     response_ids: list[int] | None = None
     response_text: str = ""
 
@@ -64,18 +75,30 @@ class Conversation:
         context_turns: None shows the full history (one training sample per episode);
             k >= 0 shows only the last k answered turns before the current one (one training
             sample per turn, since the prompts are then no longer prefixes of each other).
+        fmt: the response format; the system prompt is adapted to it (`ResponseFormat.instruction`)
+            and every prompt ends with its `prefix`.
+        max_len: cap on a prompt's tokens; None = no cap. Turns longer than it show fewer
+            earlier turns (oldest dropped first; the system prompt and the current observation
+            always stay), and an episode where that happened trains one sample per turn.
 
     Usage per turn: `add_observation`, `prompt_ids` (generate from it), `add_response`.
     """
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, system_prompt: str, context_turns: int | None = None):
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, system_prompt: str, context_turns: int | None = None,
+        fmt: ResponseFormat = ResponseFormat(), max_len: int | None = None,
+    ):
         if context_turns is not None and context_turns < 0:
             raise ValueError(
                 f"context_turns={context_turns} is not allowed: use None (full history) or an integer >= 0"
             )
+        if max_len is not None and max_len < 1:
+            raise ValueError(f"max_len={max_len} is not allowed: use None (no cap) or an integer >= 1")
         self.tokenizer = tokenizer
-        self.system_prompt = system_prompt
+        self.fmt = fmt
+        self.system_prompt = fmt.instruction(system_prompt)
         self.context_turns = context_turns
+        self.max_len = max_len
         self._special_ids = frozenset(tokenizer.all_special_ids)
         self._turns: list[_Turn] = []
 
@@ -86,20 +109,26 @@ class Conversation:
         if self._turns and self._turns[-1].response_ids is None:
             raise RuntimeError("add_observation() called twice without add_response() in between")
         user = user_message(len(self._turns) + 1, observation, actions_left)
-        # The head is needed for the first turn, and for every turn when the window slides.
+        # The head is needed for the first turn, and for every turn when the window can move.
         head = None
-        if not self._turns or self.context_turns is not None:
-            head = self._encode(self._render([("user", user)], add_generation_prompt=True) + THINK_OPEN)
+        if not self._turns or self.context_turns is not None or self.max_len is not None:
+            head = self._encode(self._render([("user", user)], add_generation_prompt=True) + self.fmt.prefix)
         delta = None
         if self._turns and self.context_turns != 0:
             delta = self._encode(self._text_after_response(self._turns[-1], next_user=user))
         self._turns.append(_Turn(user=user, head_ids=head, delta_ids=delta))
+        self._fit_window(len(self._turns) - 1)
 
     def prompt_ids(self) -> list[int]:
-        """Context for the current turn; ends with the assistant generation prefix and `<think>`."""
+        """Context for the current turn; ends with the assistant generation prefix and `fmt.prefix`."""
         if not self._turns or self._turns[-1].response_ids is not None:
             raise RuntimeError("prompt_ids() needs an observation without a response: call add_observation() first")
         return self._context(len(self._turns) - 1)
+
+    @property
+    def dropped_turns(self) -> int:
+        """Earlier turns that `max_len` left out of the latest turn's prompt (0 without a cap)."""
+        return self._turns[-1].dropped if self._turns else 0
 
     def add_response(self, response_ids: list[int], response_text: str) -> None:
         """Record what the model generated after `<think>` (token ids as sampled, and their text)."""
@@ -127,13 +156,13 @@ class Conversation:
         """Training sequences as (input_ids, loss_mask); mask is 1 exactly on response tokens.
 
         Full history: one sample, the whole episode closed by the template's end-of-turn
-        text after the last response. Last-k: one sample per answered turn, its prompt
-        followed by its response.
+        text after the last response. Last-k, or full history where `max_len` dropped turns
+        from a prompt: one sample per answered turn, its prompt followed by its response.
         """
         answered = [t for t in self._turns if t.response_ids is not None]
         if not answered:
             return []
-        if self.context_turns is not None:
+        if self.context_turns is not None or any(t.dropped for t in answered):
             out = []
             for k, turn in enumerate(answered):
                 prompt = self._context(k)
@@ -149,19 +178,34 @@ class Conversation:
         return [(ids, mask)]
 
     def messages(self) -> list[dict[str, str]]:
-        """The conversation as chat messages; assistant content is `<think>` + response text."""
+        """The conversation as chat messages; assistant content is `fmt.prefix` + response text."""
         out = [{"role": "system", "content": self.system_prompt}]
         for turn in self._turns:
             out.append({"role": "user", "content": turn.user})
             if turn.response_ids is not None:
-                out.append({"role": "assistant", "content": THINK_OPEN + turn.response_text})
+                out.append({"role": "assistant", "content": self.fmt.prefix + turn.response_text})
         return out
 
     # ---- internals ---------------------------------------------------------------------
 
+    def _fit_window(self, k: int) -> None:
+        """Choose the first turn of turn k's prompt: the `context_turns` window, then while the
+        prompt is longer than `max_len` the oldest turn is dropped, down to turn k alone."""
+        turn = self._turns[k]
+        window = 0 if self.context_turns is None else max(0, k - self.context_turns)
+        turn.first = window
+        if self.max_len is None:
+            return
+        while turn.first < k and len(self._context(k)) > self.max_len:
+            turn.first += 1
+        turn.dropped = turn.first - window
+        if turn.first == k and len(turn.head_ids) > self.max_len:
+            log.warning("turn %d's prompt is %d tokens without any earlier turn, over max_len=%d: it is kept whole",
+                        k + 1, len(turn.head_ids), self.max_len)
+
     def _context(self, k: int) -> list[int]:
-        """Prompt ids of turn k (0-based): a head, then (response, delta) pairs up to turn k."""
-        first = 0 if self.context_turns is None else max(0, k - self.context_turns)
+        """Prompt ids of turn k (0-based): its first turn's head, then (response, delta) pairs up to turn k."""
+        first = self._turns[k].first
         ids = list(self._turns[first].head_ids)
         for prev, turn in pairwise(self._turns[first : k + 1]):
             ids += prev.response_ids + turn.delta_ids
@@ -185,7 +229,7 @@ class Conversation:
         rendered = self._render(messages, add_generation_prompt=next_user is not None)
         text = rendered[rendered.index(_SENTINEL) + len(_SENTINEL) :]
         if next_user is not None:
-            text += THINK_OPEN
+            text += self.fmt.prefix
         if turn.response_ids and turn.response_ids[-1] in self._special_ids:
             last = self.tokenizer.decode(turn.response_ids[-1:], skip_special_tokens=False)
             if last and text.startswith(last):

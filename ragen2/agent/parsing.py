@@ -2,9 +2,10 @@
 
 The prompt already ends with `<think>` (generation starts inside the reasoning), so a
 response normally begins with the reasoning itself; a repeated leading `<think>` is accepted
-too. Parsing never raises on text: a response that is not exactly one think block followed
-by one non-empty answer block is `valid=False` with no actions, so the rollout applies the
-format penalty instead of crashing.
+too. Without thinking (`rollout.enable_think=false`, RAGEN's no-think RL) the prompt ends
+with `<answer>` and a turn is `a1 || a2</answer>`. The separator is `rollout.action_sep`.
+Parsing never raises on text: a response that does not have exactly the expected blocks is
+`valid=False` with no actions, so the rollout applies the format penalty instead of crashing.
 """
 
 from __future__ import annotations
@@ -21,6 +22,38 @@ ACTION_SEPARATOR = "||"
 # (`<|im_end|>`, `<|eot_id|>`, `</s>`, ...); such trailing markers are ignored.
 _END_MARKERS = ("</s>", "<eos>", "<end_of_turn>")
 _LEADING_THINK = re.compile(r"\A\s*" + re.escape(THINK_OPEN))
+_LEADING_ANSWER = re.compile(r"\A\s*" + re.escape(ANSWER_OPEN))
+
+
+@dataclass(frozen=True)
+class ResponseFormat:
+    """What a turn must look like: with or without a think block, and how actions are separated.
+
+    The defaults are ragen2's and RAGEN's (`enable_think: True`, `action_sep: "||"`).
+    """
+
+    think: bool = True
+    action_sep: str = ACTION_SEPARATOR
+
+    def __post_init__(self) -> None:
+        if not self.action_sep or any(tag in self.action_sep for tag in TAGS):
+            raise ValueError(f"action_sep={self.action_sep!r} is not allowed: use non-empty text without a tag")
+
+    @property
+    def prefix(self) -> str:
+        """The tag the generation prompt ends with: the model writes what follows it."""
+        return THINK_OPEN if self.think else ANSWER_OPEN
+
+    def instruction(self, text: str) -> str:
+        """An environment's instruction adapted to this format.
+
+        Instructions are written for the default format (`Answer as <think>...</think><answer>A1 || A2</answer>`);
+        without thinking the `<think>...</think>` part is removed, and `||` becomes `action_sep`.
+        The default format returns `text` unchanged.
+        """
+        if not self.think:
+            text = text.replace(f"{THINK_OPEN}...{THINK_CLOSE}", "")
+        return text.replace(ACTION_SEPARATOR, self.action_sep)
 
 
 @dataclass(frozen=True)
@@ -45,12 +78,14 @@ def reasoning_bounds(text: str) -> tuple[int, int] | None:
     return None if end < 0 else (start, end)
 
 
-def parse_response(text: str, max_actions: int | None = None) -> ParsedTurn:
+def parse_response(text: str, max_actions: int | None = None, fmt: ResponseFormat = ResponseFormat()) -> ParsedTurn:
     """Split a response into reasoning and at most `max_actions` actions.
 
     Valid means: optional whitespace and `<think>`, then reasoning, `</think>`, optional
     whitespace, `<answer>`, a non-empty answer, `</answer>`, optional whitespace or trailing
-    end-of-turn markers, and no other tag anywhere. The answer is split on `||`; pieces are
+    end-of-turn markers, and no other tag anywhere. Without thinking (`fmt.think` false) the
+    think block is absent: optional whitespace and `<answer>`, the answer, `</answer>`, and
+    the reasoning is always "". The answer is split on `fmt.action_sep`; pieces are
     stripped and empty ones dropped. An answer with more than `max_actions` actions keeps
     the first `max_actions` and stays valid (the reference agent truncates the same way);
     the extra actions are simply never executed. Empty reasoning is valid format (the
@@ -58,20 +93,24 @@ def parse_response(text: str, max_actions: int | None = None) -> ParsedTurn:
     """
     if max_actions is not None and max_actions < 1:
         raise ValueError(f"max_actions={max_actions} is not allowed: use an integer >= 1 or None")
-    bounds = reasoning_bounds(text)
+    bounds = reasoning_bounds(text) if fmt.think else None
     reasoning = text[bounds[0] : bounds[1]].strip() if bounds else ""
     body = _strip_end_markers(text)
-    lead = _LEADING_THINK.match(body)
+    lead = (_LEADING_THINK if fmt.think else _LEADING_ANSWER).match(body)
     body = body[lead.end() :] if lead else body
     # Exactly one of each remaining tag, in order, with only whitespace between the blocks.
-    if any(body.count(tag) != (0 if tag == THINK_OPEN else 1) for tag in TAGS):
+    expected = {THINK_OPEN: 0, THINK_CLOSE: int(fmt.think), ANSWER_OPEN: int(fmt.think), ANSWER_CLOSE: 1}
+    if any(body.count(tag) != n for tag, n in expected.items()):
         return ParsedTurn(reasoning=reasoning)
-    think_end, answer_start, answer_end = (body.index(tag) for tag in (THINK_CLOSE, ANSWER_OPEN, ANSWER_CLOSE))
-    between = body[think_end + len(THINK_CLOSE) : answer_start]
-    if not think_end < answer_start < answer_end or between.strip() or body[answer_end + len(ANSWER_CLOSE) :].strip():
+    if fmt.think:
+        think_end, answer_start = body.index(THINK_CLOSE), body.index(ANSWER_OPEN)
+        if not think_end < answer_start or body[think_end + len(THINK_CLOSE) : answer_start].strip():
+            return ParsedTurn(reasoning=reasoning)
+        body = body[answer_start + len(ANSWER_OPEN) :]
+    answer, closed, rest = body.partition(ANSWER_CLOSE)
+    if not closed or rest.strip():
         return ParsedTurn(reasoning=reasoning)
-    answer = body[answer_start + len(ANSWER_OPEN) : answer_end]
-    actions = [a.strip() for a in answer.split(ACTION_SEPARATOR) if a.strip()]
+    actions = [a.strip() for a in answer.split(fmt.action_sep) if a.strip()]
     if not actions:
         return ParsedTurn(reasoning=reasoning)
     return ParsedTurn(reasoning=reasoning, actions=actions[:max_actions], valid=True)

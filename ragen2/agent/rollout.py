@@ -17,7 +17,7 @@ from transformers import PreTrainedTokenizerBase
 from ragen2 import envs
 from ragen2.agent.backends import GenerationBackend, reuse_prefixes
 from ragen2.agent.conversation import Conversation, reasoning_span
-from ragen2.agent.parsing import parse_response
+from ragen2.agent.parsing import ResponseFormat, parse_response
 from ragen2.agent.types import Trajectory, Turn
 from ragen2.config import RolloutConfig
 from ragen2.envs.base import TextEnv
@@ -107,6 +107,7 @@ def rollout(
             t0 = time.perf_counter()
             outputs = backend.generate(
                 prompts, max_new_tokens=cfg.max_tokens_per_turn, temperature=cfg.temperature, top_p=cfg.top_p,
+                **({} if cfg.top_k == -1 else {"top_k": cfg.top_k}),
                 **({} if turn_seeds is None else {"seeds": turn_seeds}),
             )
             stats.generate_s += time.perf_counter() - t0
@@ -145,11 +146,17 @@ def _start_episode(
         observation, _ = env.reset(seed=seed)
     except Exception as exc:  # a broken env ends its episode, not the rollout
         traj.error = f"{type(exc).__name__}: {exc}"
-        return _Episode(traj=traj, conv=Conversation(tokenizer, "", cfg.context_turns), done=True)
+        return _Episode(traj=traj, conv=conversation(tokenizer, "", cfg), done=True)
     finally:
         stats.env_s += time.perf_counter() - t0
-    conv = Conversation(tokenizer, env.instruction, cfg.context_turns)
+    conv = conversation(tokenizer, env.instruction, cfg)
     return _Episode(traj=traj, conv=conv, env=env, observation=observation, actions_left=env.max_actions)
+
+
+def conversation(tokenizer: PreTrainedTokenizerBase, instruction: str, cfg: RolloutConfig) -> Conversation:
+    """An episode's `Conversation` as the rollout builds it from `cfg` (history window, turn format, length cap)."""
+    fmt = ResponseFormat(think=cfg.enable_think, action_sep=cfg.action_sep)
+    return Conversation(tokenizer, instruction, cfg.context_turns, fmt, cfg.max_model_len)
 
 
 def _play_turn(
@@ -157,7 +164,8 @@ def _play_turn(
     tokenizer: PreTrainedTokenizerBase, cfg: RolloutConfig, stats: RolloutStats,
 ) -> None:
     """Apply one response's actions to the env and record the turn."""
-    parsed = parse_response(response_text, cfg.max_actions_per_turn)
+    fmt = e.conv.fmt
+    parsed = parse_response(response_text, cfg.max_actions_per_turn, fmt)
     shown = e.observation
     reward, actions_valid = 0.0, parsed.valid
     t0 = time.perf_counter()
@@ -188,12 +196,13 @@ def _play_turn(
             response_ids=list(response_ids),
             response_text=response_text,
             reasoning=parsed.reasoning,
-            reasoning_span=reasoning_span(tokenizer, response_ids),
+            reasoning_span=reasoning_span(tokenizer, response_ids) if fmt.think else (0, 0),
             actions=parsed.actions,
             format_valid=parsed.valid,
             actions_valid=actions_valid,
             reward=reward,
             observation=shown,
+            dropped_turns=e.conv.dropped_turns,
         )
     )
     stats.turns += 1
@@ -204,7 +213,8 @@ def summarize(trajectories: list[Trajectory]) -> dict[str, float]:
     """Batch-level rollout metrics (`rollout/...`); rates over turns are over all turns of the batch.
 
     valid_action_rate counts a turn as valid when it parsed and every action it executed
-    was accepted, so it never exceeds valid_format_rate.
+    was accepted, so it never exceeds valid_format_rate. truncated_turns counts the earlier
+    turns `rollout.max_model_len` left out of prompts, summed over the batch's turns.
     """
     if not trajectories:
         raise ValueError("summarize() needs at least one trajectory")
@@ -219,4 +229,5 @@ def summarize(trajectories: list[Trajectory]) -> dict[str, float]:
         "rollout/valid_action_rate": sum(t.actions_valid for t in turns) / per_turn,
         "rollout/response_tokens_mean": sum(len(t.response_ids) for t in turns) / per_turn,
         "rollout/error_rate": sum(t.error is not None for t in trajectories) / n,
+        "rollout/truncated_turns": float(sum(t.dropped_turns for t in turns)),
     }

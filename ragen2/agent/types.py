@@ -19,16 +19,17 @@ class GenerationOutput:
 class Turn:
     """One agent turn: the context shown, what the model generated, what the env did."""
 
-    prompt_ids: list[int]  # context the model saw; ends with the assistant prefix "<think>"
+    prompt_ids: list[int]  # context the model saw; ends with the assistant prefix "<think>" ("<answer>" without thinking)
     response_ids: list[int]  # tokens the model generated this turn (never re-tokenised)
     response_text: str
-    reasoning: str  # text strictly between <think> and </think> ("" when missing)
+    reasoning: str  # text strictly between <think> and </think> ("" when missing, always "" without thinking)
     reasoning_span: tuple[int, int]  # [start, end) token indices of the reasoning inside response_ids
     actions: list[str]  # parsed actions, at most agent.max_actions_per_turn
-    format_valid: bool  # the response parsed as <think>..</think><answer>..</answer>
+    format_valid: bool  # the response parsed as <think>..</think><answer>..</answer> (<answer>..</answer> without thinking)
     actions_valid: bool  # every action was accepted by the env
     reward: float  # env rewards of this turn's actions plus any format penalty
     observation: str  # the state text shown in this turn's prompt
+    dropped_turns: int = 0  # earlier turns rollout.max_model_len left out of prompt_ids
 
 
 @dataclass

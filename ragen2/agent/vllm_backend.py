@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -41,9 +42,9 @@ class VLLMBackend:
         seed: the engine's seed, used by prompts generated without a seed of their own.
 
     Log-probs come back *processed*: of the distribution actually sampled from, after
-    temperature and top-p (vLLM's `logprobs_mode="processed_logprobs"`), matching the
-    policy's teacher-forced log-probs at the same temperature. As in `HFBackend`, top-k,
-    penalties and a checkpoint's generation defaults are off (vLLM's `generation_config="vllm"`).
+    temperature, top-k and top-p (vLLM's `logprobs_mode="processed_logprobs"`), matching the
+    policy's teacher-forced log-probs at the same temperature. As in `HFBackend`, penalties
+    and a checkpoint's generation defaults are off (vLLM's `generation_config="vllm"`).
     """
 
     def __init__(
@@ -115,25 +116,17 @@ class VLLMBackend:
         max_new_tokens: int,
         temperature: float,
         top_p: float,
+        top_k: int = -1,
         seeds: list[int] | None = None,
     ) -> list[GenerationOutput]:
         from vllm import SamplingParams
 
-        check_generate_args(prompts, max_new_tokens, temperature, top_p, seeds)
+        check_generate_args(prompts, max_new_tokens, temperature, top_p, seeds, top_k)
         params = [
-            SamplingParams(
-                max_tokens=max_new_tokens,
-                temperature=temperature,
-                top_p=top_p if temperature > 0 else 1.0,
-                top_k=0,
-                min_p=0.0,
-                seed=None if seeds is None else seeds[i],
-                stop_token_ids=self.stop_token_ids,
-                stop=self.stop_texts or None,
-                include_stop_str_in_output=True,
-                detokenize=bool(self.stop_texts),  # text is decoded below; vLLM needs it only to match stop strings
-                logprobs=0,  # the sampled token's log-prob only
-            )
+            SamplingParams(**sampling_kwargs(
+                max_new_tokens, temperature, top_p, top_k, None if seeds is None else seeds[i],
+                self.stop_token_ids, self.stop_texts,
+            ))
             for i in range(len(prompts))
         ]
         results = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
@@ -149,3 +142,27 @@ class VLLMBackend:
             finish_reason=out.finish_reason,
             logprobs=[step[t].logprob for step, t in zip(out.logprobs, ids)],
         )
+
+
+def sampling_kwargs(
+    max_new_tokens: int, temperature: float, top_p: float, top_k: int, seed: int | None,
+    stop_token_ids: list[int], stop_texts: list[str],
+) -> dict[str, Any]:
+    """Keyword arguments of vLLM's `SamplingParams` for one prompt, in `GenerationBackend.generate`'s terms.
+
+    Greedy decoding (temperature 0) takes no top-p or top-k cut; vLLM's "off" for top-k is 0.
+    """
+    sampled = temperature > 0
+    return {
+        "max_tokens": max_new_tokens,
+        "temperature": temperature,
+        "top_p": top_p if sampled else 1.0,
+        "top_k": top_k if sampled and top_k != -1 else 0,
+        "min_p": 0.0,
+        "seed": seed,
+        "stop_token_ids": stop_token_ids,
+        "stop": stop_texts or None,
+        "include_stop_str_in_output": True,
+        "detokenize": bool(stop_texts),  # text is decoded by the backend; vLLM needs it only to match stop strings
+        "logprobs": 0,  # the sampled token's log-prob only
+    }

@@ -11,13 +11,16 @@ import gymnasium as gym
 class TextEnv(gym.Env, ABC):
     """Base of every ragen2 environment.
 
-    One `step` takes ONE action string (the agent layer splits an answer on `||`
-    and calls `step` once per action). An action the env cannot use never raises:
+    One `step` takes ONE action string (the agent layer splits an answer on
+    `rollout.action_sep`, `||` by default, and calls `step` once per action). An action the env cannot use never raises:
     `info["action_is_valid"]` is False, the state is unchanged, the reward is 0;
     the agent layer applies the format penalty.
 
     Subclasses set:
       instruction       -- system text for the agent: the task, the action syntax, the rewards.
+                           Written for the default turn format, `Answer as <think>...</think>
+                           <answer>A1 || A2</answer>`: the agent layer removes `<think>...</think>`
+                           for rollout.enable_think=false and replaces `||` by rollout.action_sep.
       max_actions       -- episode length in actions; reaching it is truncation.
       info_keys         -- the keys every `step` info dict carries (a test checks it).
     """
