@@ -75,8 +75,7 @@ from accelerate.utils import gather_object  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from ragen2.agent.backends import HFBackend  # noqa: E402
-from ragen2.agent.conversation import Conversation  # noqa: E402
-from ragen2.agent.rollout import rollout  # noqa: E402
+from ragen2.agent.rollout import conversation, rollout  # noqa: E402
 from ragen2.collapse.metrics import MARGINALS, EmaState, mi_metrics  # noqa: E402
 from ragen2.collapse.offline import Record, select_pairs, split_completion  # noqa: E402
 from ragen2.collapse.online import RECALL_KS  # noqa: E402
@@ -446,11 +445,12 @@ class EnvRollout:
         self.env_kwargs = dict(env_kwargs or {})
         self.tokenizer = tokenizer
         self.config = rollout_config or RolloutConfig()
-        if self.config.context_turns is not None:
-            raise ConfigError(
-                f"EnvRollout needs rollout context_turns=None (the whole episode is one TRL completion); "
-                f"got context_turns={self.config.context_turns}"
-            )
+        for key in ("context_turns", "max_model_len"):  # either splits an episode into one sample per turn
+            if getattr(self.config, key) is not None:
+                raise ConfigError(
+                    f"EnvRollout needs rollout {key}=None (the whole episode is one TRL completion); "
+                    f"got {key}={getattr(self.config, key)}"
+                )
         self.stop_strings = stop_strings
         self._make = lambda: envs.make(env, **self.env_kwargs)
         self._make()  # unknown names and bad kwargs fail here, not at the first step
@@ -460,7 +460,7 @@ class EnvRollout:
         """The text the model sees before its first response in episode `seed` (ends with `<think>`)."""
         env = self._make()
         observation, _ = env.reset(seed=seed)
-        conv = Conversation(self.tokenizer, env.instruction)
+        conv = conversation(self.tokenizer, env.instruction, self.config)  # the rollout's turn format
         conv.add_observation(observation, env.max_actions)
         return self.tokenizer.decode(conv.prompt_ids(), skip_special_tokens=False)
 
