@@ -316,14 +316,21 @@ class CollapseConfig:
 
 @dataclass
 class FilterConfig:
-    strategy: Literal["top_p", "top_p_softmax", "top_k", "min_p", "quartile", "none"] = _f(
+    strategy: Literal["top_p", "top_p_softmax", "top_k", "top_k_abs", "min_p", "quartile", "none"] = _f(
         "top_p",
         "Group selection rule (SPEC §6). Paper main setting: top_p. quartile keeps one quarter of the "
-        "RV ranking, filter.value = 1 (highest) to 4 (lowest), as the paper's quartile ablation.",
+        "RV ranking, filter.value = 1 (highest) to 4 (lowest), as the paper's quartile ablation. top_k_abs keeps "
+        "filter.value groups (RAGEN's rollout_filter_strategy=top_k_abs).",
     )
-    value: float = _f(0.9, "rho: keep rate / threshold of the strategy (the quartile, 1-4, for quartile). Paper: 0.9.")
-    metric: Literal["reward_variance", "reward_std", "mean_reward", "length", "entropy"] = _f(
-        "reward_variance", "Score each group is ranked by."
+    value: float = _f(
+        0.9, "rho: keep rate / threshold of the strategy (the quartile, 1-4, for quartile; the number of groups for "
+        "top_k_abs). Paper: 0.9.",
+    )
+    metric: Literal[
+        "reward_variance", "reward_std", "mean_reward", "length", "entropy", "entropy_variance", "entropy_std"
+    ] = _f(
+        "reward_variance", "Score each group is ranked by. entropy_variance / entropy_std: the spread of the group's "
+        "per-episode mean token entropies under the current policy (RAGEN's entropy_variance ranks by the std).",
     )
     include_zero: bool = _f(False, "Keep zero-variance groups. Paper main setting: false.")
     zero_tol: float = _f(
@@ -355,6 +362,11 @@ class FilterConfig:
             raise ConfigError(
                 f"filter.trajectory_keep={self.trajectory_keep} is not allowed: use a fraction in (0, 1] "
                 "(1 keeps every episode of a kept group)"
+            )
+        if self.strategy == "top_k_abs" and not (self.value >= 1 and float(self.value).is_integer()):
+            raise ConfigError(
+                f"filter.value={self.value} is not allowed with filter.strategy=top_k_abs: use the number of groups "
+                "kept, a whole number >= 1"
             )
         if self.strategy == "quartile" and self.value not in (1, 2, 3, 4):
             raise ConfigError(
@@ -800,7 +812,8 @@ def validate(config: Config) -> None:
             f"algo.name={a.name} needs rollout.group_size >= 2 (its baseline is the group mean); "
             f"got {r.group_size}. Use algo.name=ppo or reinforce_pp for single rollouts."
         )
-    if config.filter.strategy != "none" and config.filter.metric in ("reward_variance", "reward_std") and r.group_size < 2:
+    spread_metrics = ("reward_variance", "reward_std", "entropy_variance", "entropy_std")
+    if config.filter.strategy != "none" and config.filter.metric in spread_metrics and r.group_size < 2:
         raise ConfigError(
             f"filter.metric={config.filter.metric} needs rollout.group_size >= 2; "
             "set filter.strategy=none or a larger group."

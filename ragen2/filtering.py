@@ -45,6 +45,7 @@ from ragen2.registry import Registry
 REWARD_METRICS = ("reward_variance", "reward_std", "mean_reward")
 MEASURED_METRICS = ("length", "entropy")  # per-group numbers the rewards do not contain
 METRICS = REWARD_METRICS + MEASURED_METRICS
+SPREAD_METRICS = ("entropy_variance", "entropy_std")  # the spread within each group of per-episode scores [P, G]
 ORDERS = ("largest", "smallest")
 LOSS_SCALE_MODES = ("none", "linear", "sqrt")
 
@@ -94,14 +95,19 @@ def select_groups(
                    top_p_softmax  smallest prefix whose softmax(s) mass reaches rho (the reference's
                                   top_p_prob_mode=softmax); rho >= 1 keeps every candidate;
                    top_k          floor(rho * P) groups of all P, at most the candidates, at least 1;
+                   top_k_abs      int(rho) groups, at most the candidates, at least 1 (the reference's
+                                  top_k_abs: a fixed count, whatever P is);
                    min_p          groups with s >= rho * max(s);
                    quartile       one quarter of the ranking: value 1 the best quarter
                                   (highest RV) ... 4 the worst (RAGEN-2's quartile ablation);
                    none           every candidate.
-    value:         rho, in [0, 1] ((0, 1] for top_k; 1, 2, 3 or 4 for quartile); ignored by none.
+    value:         rho, in [0, 1] ((0, 1] for top_k; 1, 2, 3 or 4 for quartile; > 0, a count, for
+                   top_k_abs); ignored by none.
                    0.9 is the paper's keep rate.
     metric:        the score: reward_variance (default, the paper's formula), reward_std (what the
-                   reference code ranks by), mean_reward, or length / entropy from `scores`.
+                   reference code ranks by), mean_reward, or from `scores`: length, entropy (their
+                   group means), entropy_variance / entropy_std (the variance / std of the group's
+                   per-episode entropies; the reference's entropy_variance ranks by the std).
     include_zero:  False drops the groups whose reward std is <= zero_tol before ranking (the
                    paper's main setting; the default True drops nothing). The test is on the
                    rewards whatever the metric, so it always means "no learning signal" and
@@ -109,7 +115,8 @@ def select_groups(
     ddof:          delta degrees of freedom of the variance (1: unbiased, the paper's).
     order:         "largest" keeps the highest scores; "smallest" walks the same rule up from the
                    lowest scores (ablation).
-    scores:        float [P] or [P, G] (averaged over G); required by length / entropy.
+    scores:        float [P] or [P, G] (averaged over G); required by the measured metrics, [P, G] for
+                   entropy_variance / entropy_std.
     selection_eps: top_p's slack (reference: 0.01); 0 is the paper's formula as written.
     zero_tol:      the zero-variance tolerance on the reward std (reference: 1e-10).
 
@@ -161,17 +168,23 @@ def group_scores(
     """The per-group score `select_groups` ranks by: float [P].
 
     rewards: float [P, G]. scores: float [P] or [P, G], only for the measured metrics
-    (length, entropy), which the caller computes from the trajectories. Each group's
-    episodes are sorted before any sum, so a score does not depend on their order.
+    (length, entropy), which the caller computes from the trajectories; [P, G] for
+    entropy_variance / entropy_std, whose score is the variance (ddof) / std of each row. Each
+    group's episodes are sorted before any sum, so a score does not depend on their order.
     """
     rewards = _check_rewards(rewards)
-    _check_choice("filter metric", metric, METRICS, error=UnknownNameError)
-    if metric in MEASURED_METRICS:
-        return _check_scores(scores, metric, rewards.shape)
+    _check_choice("filter metric", metric, METRICS + SPREAD_METRICS, error=UnknownNameError)
+    if metric in MEASURED_METRICS + SPREAD_METRICS:
+        scores = _check_scores(scores, metric, rewards.shape)
+        if metric in SPREAD_METRICS:
+            spread = _reward_variance(scores, ddof, needed_by=f"metric {metric!r}")
+            return _without_rounding_noise(spread if metric == "entropy_variance" else np.sqrt(spread))
+        return _without_rounding_noise(np.sort(scores, axis=1).mean(axis=1) if scores.ndim == 2 else scores)
     if scores is not None:
         raise ConfigError(
             f"scores= is only used by the metrics {', '.join(MEASURED_METRICS)}; metric "
-            f"{metric!r} is computed from the rewards. Drop scores= or pick one of those."
+            f"{metric!r} is computed from the rewards. Drop scores= or pick one of those (or "
+            f"{' / '.join(SPREAD_METRICS)}, with per-episode scores [P, G])."
         )
     if metric == "mean_reward":
         return _without_rounding_noise(np.sort(rewards, axis=1).mean(axis=1))
@@ -316,6 +329,12 @@ def _top_k(ranked: np.ndarray, rule: Rule) -> slice:
     return slice(max(1, min(len(ranked), math.floor(rule.value * rule.num_groups + REL_TOL))))
 
 
+@STRATEGIES.register("top_k_abs")
+def _top_k_abs(ranked: np.ndarray, rule: Rule) -> slice:
+    """A fixed number of groups, int(value) (at least one), at most the candidates: the same count whatever P is."""
+    return slice(max(1, min(len(ranked), int(rule.value))))
+
+
 @STRATEGIES.register("min_p")
 def _min_p(ranked: np.ndarray, rule: Rule) -> slice:
     """Keep score >= value * best; for order="smallest", score <= best / value.
@@ -366,6 +385,13 @@ _VALUE_MEANING = {
 def _check_value(strategy: str, value: float) -> float:
     if strategy == "none":  # keeps everything; value has no meaning there
         return 1.0
+    if strategy == "top_k_abs":
+        if isinstance(value, bool) or not (isinstance(value, Real) and value > 0):
+            raise ConfigError(
+                f"filter value {value!r} is out of range for strategy 'top_k_abs': it is the number of groups "
+                "kept, a number > 0 (its whole part, at least 1)."
+            )
+        return float(value)
     if strategy == "quartile":
         if isinstance(value, bool) or value not in (1, 2, 3, 4):
             raise ConfigError(
@@ -419,16 +445,17 @@ def _check_scores(scores: np.ndarray | None, metric: str, shape: tuple[int, int]
             f"contain; pass scores= as an array [P] or [P, G] (P={shape[0]}, G={shape[1]})."
         )
     scores = np.asarray(scores, dtype=np.float64)
-    if scores.shape not in ((shape[0],), shape):
+    allowed = (shape,) if metric in SPREAD_METRICS else ((shape[0],), shape)
+    if scores.shape not in allowed:
         raise ConfigError(
             f"scores for metric {metric!r} has shape {scores.shape}; expected "
-            f"({shape[0]},) or {shape} to match rewards."
+            f"{' or '.join(map(str, allowed))} to match rewards."
         )
     if not np.isfinite(scores).all():
         raise ConfigError(
             f"scores for metric {metric!r} contain NaN or inf; every score must be finite."
         )
-    return _without_rounding_noise(np.sort(scores, axis=1).mean(axis=1) if scores.ndim == 2 else scores)
+    return scores
 
 
 def _zero_variance(rv: np.ndarray, zero_tol: float) -> np.ndarray:

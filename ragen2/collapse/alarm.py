@@ -182,7 +182,8 @@ def _filter_lever(f: FilterConfig) -> tuple[str, str]:
     Off: the paper's setting. Ranked by another metric or from the bottom (ablations): rank by reward
     variance, from the top. Otherwise the strategy's next-stricter value, never a looser one:
     top_p, top_p_softmax and top_k keep less (lower value), min_p a higher share of the best
-    group's variance (higher value), quartile the next higher-variance quarter (lower value).
+    group's variance (higher value), quartile the next higher-variance quarter (lower value), top_k_abs
+    one group fewer.
     """
     if f.strategy == "none":
         return _overrides("filter", f, strategy="top_p", value=0.9, include_zero=False), "turn the SNR-aware filter on: the paper's top_p 0.9"
@@ -193,7 +194,7 @@ def _filter_lever(f: FilterConfig) -> tuple[str, str]:
     stricter = {
         "top_p": lower, "top_p_softmax": lower, "top_k": lower,
         "min_p": max(f.value, min(round(f.value + FILTER_STEP, 2), MIN_P_CEILING)),
-        "quartile": max(f.value - 1, 1),
+        "quartile": max(f.value - 1, 1), "top_k_abs": max(f.value - 1, 1),
     }[f.strategy]
     return (_overrides("filter", f, value=stricter, include_zero=False),
             f"a stricter {f.strategy}: train on higher reward-variance groups")

@@ -757,7 +757,7 @@ def _measured_scores(run: Run, trajectories: list[Trajectory], metric: str) -> n
     P, G = run.config.rollout.num_groups, run.config.rollout.group_size
     if metric == "length":
         return np.array([sum(len(t.response_ids) for t in traj.turns) for traj in trajectories], float).reshape(P, G)
-    if metric != "entropy":
+    if metric not in ("entropy", "entropy_variance", "entropy_std"):
         return None
     present = [i for i, t in enumerate(trajectories) if t.samples]  # episodes whose env did not fail at reset
     batch = build_batch([trajectories[i] for i in present], run.tokenizer.pad_token_id).to(run.device)
