@@ -3,9 +3,9 @@
 The workload is what grading the `code` env runs: every built-in problem's reference
 solution on each of its tests (stdin programs, and function problems through their
 driver), repeated to N programs, each in the isolated sandbox (own filesystem, PID,
-network, IPC and UTS namespaces, own uid, limits). Each configuration runs the same N
-programs; times are the best of --repeats runs after a warm-up (which also starts the
-fork server). A reference row runs the same programs unsandboxed, one fresh `python`
+network, IPC and UTS namespaces, own uid, limits, system call filter, session keyring).
+Each configuration runs the same N programs; times are the best of --repeats runs
+after a warm-up (which also starts the fork server). A reference row runs the same programs unsandboxed, one fresh `python`
 per program, as a plain `subprocess.run` would: the cost of starting an interpreter,
 without limits, measured in the same run, so that the ratio holds on a busy machine.
 The header gives the 1-minute load average at the start.
