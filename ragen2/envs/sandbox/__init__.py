@@ -26,11 +26,12 @@ points. For each run it forks a launcher (`_launch`) that leads its own process 
 and enters new mount, PID, network, IPC and UTS namespaces (`_isolate`), mounts one
 tmpfs of `4 * max_file_bytes` for the run's writable places (the working directory
 /work, /tmp and /dev/shm; they vanish with the run) and forks the program's process.
-That process, PID 1 of its namespace, mounts its own /proc, makes the sandbox
-filesystem its root with pivot_root (`_enter_root`; the host's filesystem is then
-detached, not merely hidden), applies the resource limits, drops to a sandbox uid,
-installs the audit hook and runs the program as `__main__` (`_enter_sandbox`,
-`_run_program`). Forking a ready interpreter saves the interpreter's start-up on
+That process, PID 1 of its namespace, mounts its own /proc (/proc/keys and
+/proc/key-users masked), makes the sandbox filesystem its root with pivot_root
+(`_enter_root`; the host's filesystem is then detached, not merely hidden), applies the
+resource limits, joins a new, empty session keyring, drops to a sandbox uid, installs
+the system call filter (`syscalls.py`) and the audit hook and runs the program as
+`__main__` (`_enter_sandbox`, `_run_program`). Forking a ready interpreter saves the interpreter's start-up on
 every run, so that even with the namespaces and mounts a run costs less than starting a
 plain `python -c` (benchmarks/code_throughput.py).
 
@@ -39,6 +40,16 @@ What a program can then see and do:
 - Files: the standard library (read-only), its working directory, a private /tmp and
   /dev/shm (size-capped, gone after the run). No project file, no installed package,
   no home directory, no host /tmp, no shell or other executable.
+- System calls (seccomp, `syscalls.py`): no exec of anything (a memfd, a file, the
+  interpreter), no memfd, no new namespaces or mounts, no kernel keyrings, no SysV IPC,
+  no io_uring, userfaultfd, perf events or BPF, no ptrace or access to other processes'
+  memory, no calls on the kernel or the machine (modules, kexec, reboot, swap, clock).
+  The filter is compiled on the host with libseccomp (pyseccomp) and installed with
+  PR_SET_SECCOMP just before the program runs; its threads and children inherit it.
+- Keys: kernel keyrings are not namespaced. The program's session keyring is a new,
+  empty one (the host's, inherited through fork, would otherwise stay its own across
+  the uid change), the filter refuses keyctl, add_key and request_key, and /proc/keys
+  shows nothing, so it can neither read the host's keys nor leave any for a later run.
 - Processes: its own /proc; the host's processes do not exist in its PID namespace,
   and every process it started dies with it, even one that called setsid().
 - Network: only a loopback device that is down; abstract AF_UNIX sockets of the host
@@ -51,6 +62,9 @@ What a program can then see and do:
   the cap is split (`process_limits`): at most `memory_mb // 128` processes and threads
   (RLIMIT_NPROC, never more than `max_processes`), each with an equal share of address
   space (RLIMIT_AS). The uid is unique to the run, so RLIMIT_NPROC counts only its tasks.
+  Memory that RLIMIT_AS does not count is bounded apart: its files, POSIX shared memory
+  included, by the run's tmpfs; pipe buffers by RLIMIT_NOFILE (at most 1 MiB a pipe);
+  a tmpfs of its own or SysV shared memory the filter refuses.
 - RLIMIT_CPU (SIGKILL at `cpu_s` of CPU time), RLIMIT_FSIZE (`max_file_bytes` per
   written file), RLIMIT_NOFILE, RLIMIT_CORE = 0; hard limits, so none can be raised.
 - Wall time: the host kills the run's process group at `wall_s`; the launcher also
@@ -82,8 +96,9 @@ No silent downgrade. When the machine cannot provide this (not root and no user
 namespaces, no namespaces, no permission to mount), `run_program` and `prepare` raise
 `SandboxUnavailable`, which says what failed and what to enable.
 `Limits(allow_unsandboxed=True)` runs programs anyway, logging a warning: then only the
-rlimits, the uid change (as root), best-effort PID and network namespaces, the minimal
-environment, a fresh directory and the audit hook apply.
+rlimits, the uid change (as root), best-effort PID and network namespaces, the system
+call filter, a new session keyring, the minimal environment, a fresh directory and the
+audit hook apply. The filter needs libseccomp.so.2 in both cases.
 
 What the audit hook (PEP 578, `audit_hook=True`) adds inside the interpreter: it refuses
 sockets, subprocesses, os.system/exec/spawn/fork, os.kill/killpg, ctypes, changing
@@ -100,7 +115,8 @@ all work; seeking in it does not.
 
 The host side (limits, the public API, the fork server's client, collecting results) is
 `host.py`; what runs in the fork server and the program's process (the root, the
-namespaces, limits and uid, the audit hook), named above by its functions, is `inside.py`.
+namespaces, limits and uid, installing the filter, the audit hook), named above by its
+functions, is `inside.py`; the filter's rules are `syscalls.py`.
 """
 
 from ragen2.envs.sandbox.host import (
