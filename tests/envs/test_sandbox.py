@@ -161,18 +161,17 @@ def run_battery(audit_hook: bool) -> list[dict]:
         return rows
 
 
-def assert_nothing_left(files_before: set[str], keys_before: dict[int, int], after: str) -> None:
+def assert_nothing_left(files_before: set[str], keys_before: dict, after: str) -> None:
     """No process of a sandbox uid alive, no key or file of one (without root: of ours) added on the host.
 
-    A killed run's processes take a moment to be reaped, and its session keyring to be
-    collected (without root the program's keys are ours), so this waits up to 2 s for both.
+    A killed run's processes take a moment to be reaped, so this waits up to 2 s.
     """
     deadline = time.monotonic() + 2.0
     while True:
         keys = _sandbox_keys()
         left = {
             "processes": _sandbox_processes(),
-            "keys": {uid: n for uid, n in keys.items() if n > keys_before.get(uid, 0)},
+            "keys": {key: n for key, n in keys.items() if n > keys_before.get(key, 0)},
             "files": sorted(_sandbox_files() - files_before),
         }
         if not any(left.values()) or time.monotonic() > deadline:
@@ -694,14 +693,25 @@ def _sandbox_processes() -> list[int]:
     return found
 
 
-def _sandbox_keys() -> dict[int, int]:
-    """Kernel keys per uid of the sandbox's (without root: ours), from /proc/key-users."""
-    owners = SANDBOX_UIDS if ROOT else (os.getuid(),)
+def _sandbox_keys() -> dict:
+    """Kernel keys a program could have left, counted by owner (root) or by key (without root).
+
+    As root: the keys of each sandbox uid, from /proc/key-users (a program's session
+    keyring is root's). Without root the programs' keys are ours, so ours from /proc/keys,
+    less the empty session keyring each run joins, which the kernel may free seconds
+    after the run.
+    """
     found = {}
-    for line in Path("/proc/key-users").read_text().splitlines():  # "  uid: usage nkeys/nikeys ..."
-        uid, counts = line.split(":", 1)
-        if int(uid) in owners:
-            found[int(uid)] = int(counts.split()[1].split("/")[0])
+    if ROOT:
+        for line in Path("/proc/key-users").read_text().splitlines():  # "  uid: usage nkeys/nikeys ..."
+            uid, counts = line.split(":", 1)
+            if int(uid) in SANDBOX_UIDS:
+                found[int(uid)] = int(counts.split()[1].split("/")[0])
+        return found
+    for line in Path("/proc/keys").read_text().splitlines():  # "serial flags usage timeout perm uid gid type desc"
+        serial, *_, uid, _, kind, description = line.split(None, 8)
+        if int(uid) == os.getuid() and not (kind == "keyring" and description.startswith("_ses:")):
+            found[f"{serial} {kind} {description.split(':')[0]}"] = 1
     return found
 
 
