@@ -23,6 +23,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from ragen2.errors import ConfigError, did_you_mean
+from ragen2.tags import valid_action_sep
 
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
@@ -139,9 +140,7 @@ class RolloutConfig:
             raise ConfigError(f"rollout.top_k={self.top_k} is not allowed: use -1 (off) or an integer >= 1")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ConfigError(f"rollout.max_model_len={self.max_model_len} is not allowed: use null (off) or an integer >= 1")
-        from ragen2.agent.parsing import TAGS  # here: ragen2.agent imports this module
-
-        if not self.action_sep or any(tag in self.action_sep for tag in TAGS):
+        if not valid_action_sep(self.action_sep):
             raise ConfigError(f"rollout.action_sep={self.action_sep!r} is not allowed: use non-empty text without a tag")
 
 

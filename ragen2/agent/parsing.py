@@ -13,10 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
-TAGS = (THINK_OPEN, THINK_CLOSE, ANSWER_OPEN, ANSWER_CLOSE)
-ACTION_SEPARATOR = "||"
+from ragen2.tags import ACTION_SEPARATOR, ANSWER_CLOSE, ANSWER_OPEN, THINK_CLOSE, THINK_OPEN, valid_action_sep
 
 # Generation may stop after an end-of-turn marker that was decoded as text
 # (`<|im_end|>`, `<|eot_id|>`, `</s>`, ...); such trailing markers are ignored.
@@ -36,7 +33,7 @@ class ResponseFormat:
     action_sep: str = ACTION_SEPARATOR
 
     def __post_init__(self) -> None:
-        if not self.action_sep or any(tag in self.action_sep for tag in TAGS):
+        if not valid_action_sep(self.action_sep):
             raise ValueError(f"action_sep={self.action_sep!r} is not allowed: use non-empty text without a tag")
 
     @property

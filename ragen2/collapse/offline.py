@@ -38,7 +38,6 @@ import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from ragen2.agent.parsing import THINK_CLOSE, THINK_OPEN
 from ragen2.collapse.heatmap import draw_heatmap
 from ragen2.collapse.metrics import MARGINALS, MIN_PAIRS, mi_metrics, proxies_undefined
 from ragen2.collapse.online import RECALL_KS
@@ -46,6 +45,7 @@ from ragen2.collapse.scoring import score_matrix
 from ragen2.errors import ConfigError, RolloutFormatError
 from ragen2.evaluate import new_results_dir
 from ragen2.models.loading import DTYPES, check_model_path, resolve_device, resolve_model_path
+from ragen2.tags import THINK_CLOSE, THINK_OPEN
 
 FORMATS = ("auto", "records", "ragen2", "trl", "verl")
 SCHEMES = ("first_turn", "trajectory", "pairs")

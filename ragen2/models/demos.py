@@ -39,7 +39,7 @@ from transformers import PreTrainedTokenizerBase
 
 from ragen2 import envs
 from ragen2.agent.conversation import Conversation
-from ragen2.agent.parsing import ACTION_SEPARATOR, ANSWER_CLOSE, ANSWER_OPEN, THINK_CLOSE, parse_response
+from ragen2.agent.parsing import parse_response
 from ragen2.envs.bandit import BanditEnv
 from ragen2.envs.base import TextEnv
 from ragen2.envs.codeexec import CodeEnv
@@ -51,6 +51,7 @@ from ragen2.envs.searchqa import SearchQAEnv
 from ragen2.envs.sokoban import MOVES, Room, SokobanEnv
 from ragen2.envs.webshop import BACK_TO_SEARCH, BUY_NOW, NEXT_PAGE, PREV_PAGE, WebShopEnv, parse_action
 from ragen2.errors import ConfigError
+from ragen2.tags import ACTION_SEPARATOR, ANSWER_CLOSE, ANSWER_OPEN, THINK_CLOSE
 
 Cell = tuple[int, int]  # (row, col), as the environments use
 

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ragen2.agent.conversation import user_message
-from ragen2.agent.parsing import TAGS
+from ragen2.tags import TAGS
 from ragen2.envs import EVAL_SEED_OFFSET  # demonstrations stay on training seeds, below it
 from ragen2.envs.base import TextEnv
 from ragen2.errors import ConfigError, did_you_mean
