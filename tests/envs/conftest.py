@@ -1,6 +1,6 @@
 """Environment tests. The `code` environment runs programs only inside its OS-level sandbox, which
 needs root (CAP_SYS_ADMIN) or, for another user, unprivileged user namespaces (see
-ragen2/envs/sandbox.py): on a machine that cannot provide it, the tests that run programs are
+ragen2/envs/sandbox/): on a machine that cannot provide it, the tests that run programs are
 skipped with the sandbox's own message instead of failing."""
 
 from __future__ import annotations
