@@ -17,6 +17,7 @@ into docs/environments.md.
 from __future__ import annotations
 
 import ctypes
+import glob
 import hashlib
 import json
 import os
@@ -51,6 +52,7 @@ from ragen2.envs.sandbox import (
     run_program,
     run_programs,
 )
+from ragen2.envs.sandbox import cgroup
 from ragen2.envs.sandbox.host import _user_namespaces_missing
 from ragen2.errors import ConfigError
 
@@ -60,6 +62,9 @@ as_root = pytest.mark.skipif(not ROOT, reason="what is tested here needs root")
 isolated = pytest.mark.skipif(
     not ROOT and USERNS_MISSING is not None, reason=f"no root and no user namespaces: {USERNS_MISSING}"
 )
+with cgroup.memory_cgroup(64 << 20) as _made:
+    MEMORY_CGROUP = _made is not None  # this machine lets the host make a memory cgroup per run
+needs_cgroup = pytest.mark.skipif(not MEMORY_CGROUP, reason="no memory cgroup can be made here")
 # The uid the OS-layer tests are rerun as without root: no account needed, outside SANDBOX_UIDS.
 UNPRIVILEGED_UID = 61700
 SLACK_S = 0.5  # a run may end this long after its wall limit (kill and reap)
@@ -162,7 +167,7 @@ def run_battery(audit_hook: bool) -> list[dict]:
 
 
 def assert_nothing_left(files_before: set[str], keys_before: dict, after: str) -> None:
-    """No process of a sandbox uid alive, no key or file of one (without root: of ours) added on the host.
+    """No process of a sandbox uid alive, no key or file of one (without root: of ours) added, no run's cgroup left.
 
     A killed run's processes take a moment to be reaped, so this waits up to 2 s.
     """
@@ -173,11 +178,16 @@ def assert_nothing_left(files_before: set[str], keys_before: dict, after: str) -
             "processes": _sandbox_processes(),
             "keys": {key: n for key, n in keys.items() if n > keys_before.get(key, 0)},
             "files": sorted(_sandbox_files() - files_before),
+            "cgroups": _sandbox_cgroups(),
         }
         if not any(left.values()) or time.monotonic() > deadline:
             break
         time.sleep(0.02)
     assert not any(left.values()), f"after {after!r} the host has {left}"
+
+
+def _sandbox_cgroups() -> list[str]:
+    return glob.glob(f"{cgroup.CGROUP_ROOT}/**/{cgroup.PREFIX}*", recursive=True)
 
 
 def _row(case: Hostile, outcomes: list[GradedTest], good: list[GradedTest]) -> dict:
@@ -405,7 +415,7 @@ def test_audit_hook_refuses_with_a_clear_message(program, message):
 def test_isolation_report_as_root():
     assert isolation() == {
         "separate_uid": True, "pid_namespace": True, "network_namespace": True, "private_filesystem": True,
-        "syscall_filter": True,
+        "syscall_filter": True, "memory_cgroup": MEMORY_CGROUP,
     }  # fmt: skip
 
 
@@ -413,7 +423,7 @@ def test_isolation_report_as_root():
 def test_isolation_report_without_root():
     assert isolation() == {
         "separate_uid": False, "pid_namespace": True, "network_namespace": True, "private_filesystem": True,
-        "syscall_filter": True,
+        "syscall_filter": True, "memory_cgroup": False,
     }  # fmt: skip
 
 
@@ -487,6 +497,52 @@ def test_os_only_the_runtime_and_private_writable_places(tmp_path):
     assert lines[:8] == ["EROFS", "ENOENT", "ok", "ENOENT", "ENOENT", "EACCES", "ok", "ok"], result.stderr
     assert lines[8] == "['dev', 'etc', 'lib', 'proc', 'stdlib', 'tmp', 'work'] /work"
     assert not os.path.exists(probe)
+
+
+# Fills `pipes` pipes of 1 MiB (kernel memory, outside RLIMIT_AS), then allocates and touches `mb` MiB.
+PIPES_THEN_MEMORY = (
+    "import fcntl, os\n"
+    "held = []\n"
+    "for _ in range({pipes}):\n"
+    "    r, w = os.pipe()\n"
+    "    fcntl.fcntl(w, 1031, 1 << 20)\n"  # F_SETPIPE_SZ
+    "    os.set_blocking(w, False)\n"
+    "    try:\n"
+    "        while True:\n"
+    "            os.write(w, bytes(1 << 16))\n"
+    "    except BlockingIOError:\n"
+    "        held.append((r, w))\n"
+    "block = b'x' * ({mb} << 20)\n"
+    "print('allocated')"
+)
+
+
+@needs_cgroup
+def test_memory_cgroup_caps_pipe_buffers_and_memory_together():
+    assert isolation()["memory_cgroup"]
+    limits = Limits(memory_mb=128, audit_hook=False)
+    fits = run_program(PIPES_THEN_MEMORY.format(pipes=0, mb=110), limits=limits)
+    assert fits.stdout == "allocated\n", fits
+    # 28 MiB of pipe buffers (accounted here: cgroup v2, or v1's kernel memory) and the same 110 MiB: over the cap.
+    over = run_program(PIPES_THEN_MEMORY.format(pipes=28, mb=110), limits=limits)
+    assert over.killed_reason == "memory" and over.stdout == "", over
+    assert not _sandbox_cgroups()
+
+
+@needs_cgroup
+def test_memory_cgroup_is_removed_after_a_run_killed_for_time():
+    result = run_program("import time\nblock = b'x' * (32 << 20)\ntime.sleep(60)", limits=Limits(wall_s=0.5))
+    assert result.killed_reason == "wall_time"
+    assert not _sandbox_cgroups()
+
+
+@isolated
+def test_without_a_memory_cgroup_runs_fall_back_to_the_split_cap(monkeypatch):
+    monkeypatch.setattr(cgroup, "CGROUP_ROOT", "/nonexistent/cgroup")
+    assert run_program("print(6 * 7)").stdout == "42\n"
+    assert isolation()["memory_cgroup"] is False
+    bomb = run_program("blocks = []\nwhile True:\n    blocks.append(b'x' * (1 << 24))", limits=Limits(audit_hook=False))
+    assert bomb.killed_reason == "memory"
 
 
 @isolated

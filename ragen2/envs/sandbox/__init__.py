@@ -57,8 +57,12 @@ What a program can then see and do:
 - uid: a uid of its own, 61000 + k, leased for the run so that no two concurrent runs
   (in any process) share it, without capabilities and with no_new_privs: it cannot
   write the read-only filesystem, mount, signal or ptrace anything outside its run.
-- Memory: `memory_mb` for all of its processes together. No rlimit covers several
-  processes, and no memory cgroup is used (this project's machines have cgroup v1), so
+- Memory: `memory_mb` for all of its processes together. Where the host can make one
+  (`cgroup.py`; root with a writable cgroup v1 memory hierarchy or v2 delegation), a
+  memory cgroup per run holds everything the run allocates (pages, tmpfs, pipe and
+  socket buffers, kernel objects) to it; each process gets RLIMIT_AS = `memory_mb`, and
+  the OOM killer ends a run over the cap (reported as `memory`). Elsewhere no rlimit
+  covers several processes, so
   the cap is split (`process_limits`): at most `memory_mb // 128` processes and threads
   (RLIMIT_NPROC, never more than `max_processes`), each with an equal share of address
   space (RLIMIT_AS). The uid is unique to the run, so RLIMIT_NPROC counts only its tasks.

@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, fields
 
-from ragen2.envs.sandbox import syscalls
+from ragen2.envs.sandbox import cgroup, syscalls
 from ragen2.envs.sandbox.inside import SERVER_SOURCE
 from ragen2.errors import ConfigError, did_you_mean
 
@@ -73,7 +73,8 @@ class Limits:
     cpu_s: int = 2
     """CPU seconds (RLIMIT_CPU, whole seconds); the program is killed when it uses them up."""
     memory_mb: int = 512
-    """Memory of all the program's processes together, in MiB (split over them, see `process_limits`)."""
+    """Memory of all the program's processes together, in MiB: one memory cgroup's cap, or where the machine has none
+    for the run, an address-space cap split over the processes (see `process_limits`)."""
     max_output_bytes: int = 1_000_000
     """stdout plus stderr kept; a program that writes more is killed."""
     max_file_bytes: int = 1_000_000
@@ -186,20 +187,22 @@ def isolation() -> dict[str, bool]:
         f"print(os.getuid() in range({SANDBOX_UIDS.start}, {SANDBOX_UIDS.stop}), os.getpid() == 1, "
         "[name for _, name in socket.if_nameindex()] == ['lo'], "
         f"not os.path.exists({os.path.abspath(__file__)!r}), "
-        "'Seccomp:\\t2' in open('/proc/self/status').read())"
+        "'Seccomp:\\t2' in open('/proc/self/status').read(), "
+        f"{cgroup.PREFIX!r} in open('/proc/self/cgroup').read())"
     )
     limits = Limits(audit_hook=False)
     try:
         result = _run(probe, "", limits, isolated=True)
     except SandboxUnavailable:
         result = _run(probe, "", limits, isolated=False)
-    uid, pid, net, files, filtered = (result.stdout.split() + ["False"] * 5)[:5]
+    uid, pid, net, files, filtered, memory = (result.stdout.split() + ["False"] * 6)[:6]
     return {
         "separate_uid": uid == "True",
         "pid_namespace": pid == "True",
         "network_namespace": net == "True",
         "private_filesystem": files == "True",
         "syscall_filter": filtered == "True",
+        "memory_cgroup": memory == "True",
     }
 
 
@@ -347,8 +350,10 @@ def _runtime_libraries() -> list[str]:
 
 def _run(source: str, stdin: str, limits: Limits, isolated: bool) -> RunResult:
     global _verified
-    processes, memory_bytes = process_limits(limits)
-    with _leased_uid() as uid, _workdir(uid) as workdir:
+    split = process_limits(limits)
+    with _leased_uid() as uid, _workdir(uid) as workdir, cgroup.memory_cgroup(limits.memory_mb << 20) as memory_cgroup:
+        # In the cgroup every process may use the whole cap: the cgroup holds their sum to it.
+        processes, memory_bytes = (limits.max_processes, limits.memory_mb << 20) if memory_cgroup else split
         source_path = os.path.join(workdir, "solution.py")
         _write(source_path, source, uid)
         request = {
@@ -364,6 +369,8 @@ def _run(source: str, stdin: str, limits: Limits, isolated: bool) -> RunResult:
             "processes": processes,
             "open_files": limits.max_open_files,
             "audit_hook": limits.audit_hook,
+            "cgroup_procs": memory_cgroup.procs if memory_cgroup else None,
+            "split": split,
         }
         # stdin is a pipe the host fills: a file, even read-only, could be reopened through /proc/self/fd/0
         # by the uid that owns it, and a host file is not the program's to change.
@@ -391,6 +398,7 @@ def _run(source: str, stdin: str, limits: Limits, isolated: bool) -> RunResult:
             for fd in (out_r, err_r):
                 os.close(fd)
             status.close()
+        oom_kills = memory_cgroup.oom_kills() if memory_cgroup else 0
         wall = time.monotonic() - start
     if "error" in lines:
         raise SandboxUnavailable(lines["error"])
@@ -399,7 +407,10 @@ def _run(source: str, stdin: str, limits: Limits, isolated: bool) -> RunResult:
         _verified = True
     exit_code = -signal.SIGKILL if raw_status is None else os.waitstatus_to_exitcode(raw_status)
     err = stderr.decode("utf-8", "replace")
-    reason = host_reason or _reason_from_status(exit_code, err)
+    if host_reason is None and oom_kills and exit_code != 0:
+        reason: str | None = "memory"  # the OOM killer ended a process of the run at the cgroup's cap
+    else:
+        reason = host_reason or _reason_from_status(exit_code, err)
     return RunResult(
         stdout=stdout.decode("utf-8", "replace"),
         stderr=err,
