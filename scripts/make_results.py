@@ -44,7 +44,7 @@ from ragen2.sweep import GRID_FILE, STATUS_FILE, mean_se, read_grid, read_sweep,
 
 EXPERIMENTS = ("collapse", "mechanism", "filter_sokoban", "filter_frozenlake", "filter_frozenlake_partway", "filter_countdown",
                "quartiles", "levels", "external_frozenlake", "smollm2_mechanism", "smollm2_filter_frozenlake",
-               "turn_credit_frozenlake")
+               "turn_credit_frozenlake", "turn_credit_sokoban")
 # Experiments that need a GPU, and the command that runs each on a machine with one.
 GPU_EXPERIMENTS = {
     "filter_sokoban_gpu": "OUT=gpu-results bash benchmarks/gpu_checks.sh",
@@ -790,52 +790,57 @@ def filter_claims(sweeps: dict[str, Sweep], figures: Path) -> list[Claim]:
     return claims
 
 
-# (treatment, baseline, title, the published claim): the turn-level credit comparisons of turn_credit_frozenlake.
+# (treatment, baseline, title, the published claim): the turn-level credit comparisons, on each environment.
 TURN_CREDIT = [
-    ("gigpo", "grpo", "GiGPO vs GRPO on frozenlake: per-turn credit from anchor states",
+    ("gigpo", "grpo", "GiGPO vs GRPO on {env}: per-turn credit from anchor states",
      "GiGPO: over 12% better than GRPO on ALFWorld, over 9% on WebShop (Feng et al. 2025)"),
-    ("ppo_bilevel", "ppo", "Bi-level GAE vs GAE (PPO) on frozenlake",
+    ("ppo_bilevel", "ppo", "Bi-level GAE vs GAE (PPO) on {env}",
      "RAGEN's `algorithm.bi_level_gae` option; no published comparison"),
 ]
+TURN_CREDIT_ENVS = ("frozenlake", "sokoban")
 
 
 def turn_credit_claims(sweeps: dict[str, Sweep], figures: Path) -> list[Claim]:
-    name = "turn_credit_frozenlake"
-    if name not in sweeps:
-        return [not_run(title, paper, name) for _, _, title, paper in TURN_CREDIT]
-    sweep = sweeps[name]
-    by_estimator = sweep.groups("estimator")
     claims = []
-    for treatment, baseline, title, paper in TURN_CREDIT:
-        runs = {label: by_estimator.get(label, []) for label in (baseline, treatment)}
-        body = [
-            f"Runs: `sweeps/{name}` ({sweep.description.rstrip('.')}). Mean ± SE over seeds.",
-            "",
-            "| estimator | peak success | final success | final MI-ZScore-EMA (traj) | final Retrieval-Acc (first turn) | "
-            "token entropy | step time (s) |",
-            "|---|---|---|---|---|---|---|",
-            *(table_row([label], group, ("peak_success", "final_success", "mi_zscore_ema_traj", "retrieval_acc_ft",
-                                         "token_entropy", "train_step_s")) for label, group in runs.items()),
-        ]
-        d, se = difference([r.row["final_success"] for r in runs[treatment]],
-                           [r.row["final_success"] for r in runs[baseline]])
-        verdict = "reproduced" if d > 0 and significant(d, se) else "partly" if d > 0 else "not reproduced"
-        ours = f"final success {treatment} − {baseline} {fmt_diff(d, se)}"
-        body += [
-            "",
-            f"Criterion, fixed before the runs (experiments/{name}.yaml): *reproduced* when {treatment}'s held-out "
-            f"success at the last step exceeds {baseline}'s by more than {SIGNIFICANT_SE:g} standard errors of the "
-            "difference; *partly* when higher by less; *not reproduced* when not higher.",
-            "",
-            f"Result: {ours}.",
-            "",
-        ]
-        keys = [("eval/success_rate", "eval success"), ("turns/reward_var_1", "reward variance, turn 1"),
-                ("turns/reward_var_2", "reward variance, turn 2"), ("collapse_turn_2/mi_zscore_ema", "MI-ZScore-EMA, turn 2")]
-        path = curves(figures / f"{name}_{treatment}_curves.png", runs, keys, f"{treatment} vs {baseline} on frozenlake")
-        body.append(f"![{treatment} vs {baseline}](figures/{path.name})")
-        claims.append(Claim(title, paper, ours, verdict, body))
+    for env in TURN_CREDIT_ENVS:
+        name = f"turn_credit_{env}"
+        if name not in sweeps:
+            claims += [not_run(title.format(env=env), paper, name) for _, _, title, paper in TURN_CREDIT]
+            continue
+        claims += [_turn_credit_claim(sweeps[name], name, env, figures, *comparison) for comparison in TURN_CREDIT]
     return claims
+
+
+def _turn_credit_claim(sweep: Sweep, name: str, env: str, figures: Path, treatment: str, baseline: str, title: str,
+                       paper: str) -> Claim:
+    by_estimator = sweep.groups("estimator")
+    runs = {label: by_estimator.get(label, []) for label in (baseline, treatment)}
+    body = [
+        f"Runs: `sweeps/{name}` ({sweep.description.rstrip('.')}). Mean ± SE over seeds.",
+        "",
+        "| estimator | peak success | final success | final MI-ZScore-EMA (traj) | final Retrieval-Acc (first turn) | "
+        "token entropy | step time (s) |",
+        "|---|---|---|---|---|---|---|",
+        *(table_row([label], group, ("peak_success", "final_success", "mi_zscore_ema_traj", "retrieval_acc_ft",
+                                     "token_entropy", "train_step_s")) for label, group in runs.items()),
+    ]
+    d, se = difference([r.row["final_success"] for r in runs[treatment]], [r.row["final_success"] for r in runs[baseline]])
+    verdict = "reproduced" if d > 0 and significant(d, se) else "partly" if d > 0 else "not reproduced"
+    ours = f"final success {treatment} − {baseline} {fmt_diff(d, se)}"
+    body += [
+        "",
+        f"Criterion, fixed before the runs (experiments/{name}.yaml): *reproduced* when {treatment}'s held-out "
+        f"success at the last step exceeds {baseline}'s by more than {SIGNIFICANT_SE:g} standard errors of the "
+        "difference; *partly* when higher by less; *not reproduced* when not higher.",
+        "",
+        f"Result: {ours}.",
+        "",
+    ]
+    keys = [("eval/success_rate", "eval success"), ("turns/reward_var_1", "reward variance, turn 1"),
+            ("turns/reward_var_2", "reward variance, turn 2"), ("collapse_turn_2/mi_zscore_ema", "MI-ZScore-EMA, turn 2")]
+    path = curves(figures / f"{name}_{treatment}_curves.png", runs, keys, f"{treatment} vs {baseline} on {env}")
+    body.append(f"![{treatment} vs {baseline}](figures/{path.name})")
+    return Claim(title.format(env=env), paper, ours, verdict, body)
 
 
 def quartile_claim(sweeps: dict[str, Sweep], figures: Path) -> Claim:
