@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from ragen2.errors import ConfigError
 from ragen2.models.gguf import converted_dir, gguf_file, is_gguf
-from ragen2.models.hub import check_model_name, is_hub_name
+from ragen2.models.hub import check_hub_name, is_hub_name
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ def check_model_path(path: str | None, what: str | None = None, fix: str | None 
     elif not is_hub_name(path):
         check_model_dir(Path(path), what, fix)
     else:
-        check_model_name(path, what)
+        check_hub_name(path, what)
 
 
 def check_model_dir(path: Path, what: str, fix: str | None = None, tokenizer: bool = True, adapter: bool = False) -> None:

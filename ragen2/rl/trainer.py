@@ -243,7 +243,8 @@ def training_step(run: Run, step: int, interrupts: _Interrupts) -> dict[str, flo
                 mark_latest(run.run_dir, step)
             run.saved_step = step
         run.step, run.clean = step, True
-        run.diagnostics_at_step = copy.deepcopy(run.diagnostics.state_dict())
+        if diagnosed:  # only the diagnostics phase moves that state
+            run.diagnostics_at_step = copy.deepcopy(run.diagnostics.state_dict())
     return metrics
 
 
