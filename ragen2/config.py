@@ -209,6 +209,21 @@ class AlgoConfig:
         False, "grpo, drgrpo, dapo: divide each sequence's advantages by its model-token count relative to the "
         "batch mean. RAGEN: grpo_advantage_length_weight.",
     )
+    kl_in_reward: bool = _f(
+        False, "ppo, reinforce_pp: subtract algo.kl_reward_coef x the per-token KL to the reference "
+        "(algo.kl_estimator) from the token rewards before the estimator. RAGEN/verl: algorithm.use_kl_in_reward "
+        "(default false).",
+    )
+    kl_reward_coef: float = _f(
+        0.001, "Starting coefficient (beta) of the KL in the reward. verl: algorithm.kl_ctrl.kl_coef (0.001; "
+        "RAGEN's base config: 0.0).",
+    )
+    kl_ctrl: Literal["fixed", "adaptive"] = _f(
+        "fixed", "KL-in-reward controller: fixed keeps beta; adaptive moves it toward algo.kl_target after each "
+        "step. verl: algorithm.kl_ctrl.type (fixed).",
+    )
+    kl_target: float = _f(0.1, "Adaptive controller's target KL. verl: algorithm.kl_ctrl.target_kl (0.1).")
+    kl_horizon: int = _f(10000, "Adaptive controller's horizon, in sequences. verl: algorithm.kl_ctrl.horizon (10000).")
     task_advantage_scale: float = _f(
         1.0, "Multiplies the task advantage; 0 gives regulariser-only updates (mechanism study)."
     )
@@ -350,6 +365,11 @@ class FilterConfig:
         "Trajectory-level filtering: of each kept group, train on this share of its episodes, the most "
         "spread-out returns (top and bottom). 1 keeps whole groups; the paper's trajectory-level ablation "
         "is filter.strategy=none filter.trajectory_keep=0.5.",
+    )
+    level: Literal["prompt", "anchor"] = _f(
+        "prompt", "What the filter ranks and keeps: prompt groups (the paper, RAGEN), or with algo.name=gigpo "
+        "anchor-state groups, the turns of a group that saw the identical observation, by their step returns; a turn "
+        "alone in its anchor group is kept unless filter.include_zero=false and its group's returns are all equal.",
     )
 
     def __post_init__(self) -> None:
@@ -700,6 +720,7 @@ MAX_LR = 1.0
 # The algorithms whose advantage is GRPO's group-normalised return (RAGEN's adv_estimator=grpo), the only
 # ones RAGEN's soft advantage reweighting and length weighting apply to.
 GROUP_NORMALISED = ("grpo", "drgrpo", "dapo")
+REWARD_METRICS = ("reward_variance", "reward_std", "mean_reward")  # filter metrics computed from returns alone
 
 
 # A step holds every episode's response tokens at once; 8 bytes a token (one int64 id) is a floor, as
@@ -801,6 +822,23 @@ def validate(config: Config) -> None:
                           + ("algo.turn_rewards=true" if a.turn_rewards else "algo.name=gigpo")
                           + " trains on each turn's reward (RAGEN refuses it with use_turn_scores too); set "
                           "algo.reward_norm_method=identity")
+    if a.kl_in_reward and a.name not in ("ppo", "reinforce_pp"):
+        raise ConfigError(f"algo.kl_in_reward=true puts the KL penalty on token rewards, which only algo.name=ppo and "
+                          f"reinforce_pp read, not algo.name={a.name}; use algo.kl_coef for a KL loss term")
+    adaptive_ok = a.kl_ctrl == "fixed" or (a.kl_target > 0 and a.kl_horizon > 0)
+    if a.kl_in_reward and not (a.kl_reward_coef >= 0 and adaptive_ok):
+        raise ConfigError(f"algo.kl_reward_coef={a.kl_reward_coef}, algo.kl_target={a.kl_target} and "
+                          f"algo.kl_horizon={a.kl_horizon} are not allowed: use a coefficient >= 0 and a target and "
+                          "horizon > 0 (verl: 0.001, 0.1, 10000)")
+    f = config.filter
+    if f.level == "anchor":
+        needs = [(a.name == "gigpo", f"algo.name=gigpo (not {a.name})"),
+                 (f.trajectory_keep == 1, f"filter.trajectory_keep=1 (not {f.trajectory_keep})"),
+                 (f.metric in REWARD_METRICS, f"filter.metric {'/'.join(REWARD_METRICS)} (not {f.metric})")]
+        missing = [what for ok, what in needs if not ok]
+        if missing:
+            raise ConfigError("filter.level=anchor ranks GiGPO's anchor-state groups by their step returns and needs "
+                              + ", ".join(missing) + "; filter.level=prompt ranks prompt groups")
     for key, on in (("soft_advantage_reweight", a.soft_advantage_reweight),
                     ("grpo_advantage_length_weight", a.grpo_advantage_length_weight)):
         if on and a.name not in GROUP_NORMALISED:

@@ -26,14 +26,15 @@ selects (1 - 0.9 is 0.09999999999999998 in floats).
 
 Whole groups are kept, so group baselines (GRPO mean, RLOO leave-one-out) stay intact.
 `select_trajectories` is the trajectory-level alternative of the paper's ablation: keep
-every group, but only its most spread-out episodes.
+every group, but only its most spread-out episodes. `select_anchor_turns` applies the same rules
+one level down, to GiGPO's anchor-state groups (the turns of a group that saw the same observation).
 The formulas, a worked example and the logged metrics are in docs/filtering.md.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from numbers import Real
 
@@ -128,22 +129,39 @@ def select_groups(
     the step.
     """
     rewards = _check_rewards(rewards)
-    keep_ranks = STRATEGIES.get(strategy)
+    value = _check_rule(strategy, value, order, selection_eps, zero_tol)
+    score = group_scores(rewards, metric, ddof, scores)  # [P]
+    candidates = np.arange(len(score))
+    if not include_zero:
+        rv = _reward_variance(rewards, ddof, needed_by="include_zero=False")
+        candidates = candidates[~_zero_variance(rv, zero_tol)]
+    return _select_ranked(score, candidates, strategy, value, order, selection_eps, metric)
+
+
+def _check_rule(strategy: str, value: float, order: str, selection_eps: float, zero_tol: float) -> float:
+    """Refuse an unknown strategy or order, a value out of the strategy's range or a negative tolerance;
+    returns the value as a float."""
+    STRATEGIES.get(strategy)
     value = _check_value(strategy, value)
     _check_choice("filter order", order, ORDERS)
     for name, tol in (("selection_eps", selection_eps), ("zero_tol", zero_tol)):
         if isinstance(tol, bool) or not (isinstance(tol, Real) and tol >= 0):
             raise ConfigError(f"filter {name} {tol!r} must be a number >= 0 (reference: "
                               f"{SELECTION_EPS if name == 'selection_eps' else ZERO_TOL}).")
+    return value
 
-    score = group_scores(rewards, metric, ddof, scores)  # [P]
-    candidates = np.arange(len(score))
-    if not include_zero:
-        rv = _reward_variance(rewards, ddof, needed_by="include_zero=False")
-        candidates = candidates[~_zero_variance(rv, zero_tol)]
+
+def _select_ranked(
+    score: np.ndarray, candidates: np.ndarray, strategy: str, value: float, order: str, selection_eps: float,
+    metric: str,
+) -> np.ndarray:
+    """The units (prompt groups or anchor groups) a strategy keeps: int64 [K], ascending.
+
+    score: float [N], every unit's score; candidates: int [C], the units left after the zero test.
+    N, every unit, is top_k's base.
+    """
     if candidates.size == 0:
         return np.empty(0, dtype=np.int64)
-
     cand_score = score[candidates]  # [C]
     if strategy in _NON_NEGATIVE_STRATEGIES and (cand_score < 0).any():
         worst = int(np.argmin(cand_score))
@@ -155,7 +173,7 @@ def select_groups(
     largest = order == "largest"
     # Stable sort: equal scores keep group order, so ties at the cut keep the lower index.
     rank = np.argsort(-cand_score if largest else cand_score, kind="stable")  # [C]
-    kept = keep_ranks(cand_score[rank], Rule(value, largest, len(score), float(selection_eps)))
+    kept = STRATEGIES.get(strategy)(cand_score[rank], Rule(value, largest, len(score), float(selection_eps)))
     return np.sort(candidates[rank[kept]]).astype(np.int64)
 
 
@@ -275,6 +293,80 @@ def select_trajectories(rewards: np.ndarray, keep: float) -> np.ndarray:
     for i, returns in enumerate(rewards):
         mask[i, _most_spread(returns, k)] = True
     return mask
+
+
+def select_anchor_turns(
+    step_rewards: Sequence[Sequence[float]],
+    group_ids: Sequence[Hashable],
+    anchors: Sequence[Sequence[Hashable]],
+    gamma: float = 1.0,
+    strategy: str = "top_p",
+    value: float = 0.9,
+    metric: str = "reward_variance",
+    include_zero: bool = True,
+    ddof: int = 1,
+    order: str = "largest",
+    selection_eps: float = SELECTION_EPS,
+    zero_tol: float = ZERO_TOL,
+) -> list[np.ndarray]:
+    """Which turns to train on, filtering at GiGPO's anchor-state level: E bool arrays, [T_e] each.
+
+    E episodes, given as `ragen2.rl.advantages.gigpo_advantages` takes them: step_rewards, E lists
+    of their turns' rewards; group_ids, [E]; anchors, E lists of hashable observation keys, one per
+    turn. An anchor-state group is the turns of one group whose anchors are equal; its values are
+    the turns' step returns, their rewards from that turn on discounted by gamma (GiGPO's).
+
+    The anchor groups of two or more turns are ranked as select_groups ranks prompt groups: scored
+    by `metric` (reward_variance, reward_std, mean_reward) over their step returns, dropped by the
+    zero test with include_zero=False (std <= zero_tol), ranked across the batch (ties in order of
+    first appearance) and kept by `strategy` / `value` (top_k's base: every such group). A kept
+    group is kept whole, so GiGPO's step baseline over it is intact.
+
+    A turn alone in its anchor group has no step-level comparison: GiGPO gives it the episode-level
+    advantage alone. It is not ranked: it is kept, unless include_zero=False and the returns of its
+    episode's group are all equal (std <= zero_tol, or a group of one episode), where that advantage is 0.
+    """
+    from ragen2.rl.advantages import discounted_returns  # imported here: ragen2.filtering itself needs no torch
+
+    value = _check_rule(strategy, value, order, selection_eps, zero_tol)
+    _check_choice("anchor filter metric", metric, REWARD_METRICS)
+    if not len(step_rewards) == len(group_ids) == len(anchors):
+        raise ConfigError(f"expected one entry per episode, got {len(step_rewards)} step-reward lists, "
+                          f"{len(group_ids)} group ids and {len(anchors)} anchor lists")
+    rewards = [np.asarray(r, dtype=np.float64) for r in step_rewards]
+    members: dict[tuple[Hashable, Hashable], list[tuple[int, int, float]]] = {}  # in order of first appearance
+    for e, (g, r) in enumerate(zip(group_ids, rewards)):
+        if len(r) != len(anchors[e]):
+            raise ConfigError(f"episode {e} has {len(r)} step rewards but {len(anchors[e])} anchors: give one per turn")
+        for t, (anchor, ret) in enumerate(zip(anchors[e], discounted_returns(r, gamma))):
+            members.setdefault((g, anchor), []).append((e, t, float(ret)))
+    shared = [turns for turns in members.values() if len(turns) >= 2]
+    values = [np.array([[ret for *_, ret in turns]]) for turns in shared]  # [1, n] each
+    score = np.array([group_scores(v, metric, ddof)[0] for v in values])  # [N]
+    candidates = np.arange(len(shared))
+    if not include_zero:
+        zero = [_zero_variance(_reward_variance(v, ddof, "the anchor filter"), zero_tol)[0] for v in values]
+        candidates = candidates[~np.array(zero, dtype=bool)]
+    kept_groups = _select_ranked(score, candidates, strategy, value, order, selection_eps, metric)
+    keep = [np.zeros(len(r), dtype=bool) for r in rewards]
+    for i in kept_groups:
+        for e, t, _ in shared[i]:
+            keep[e][t] = True
+    episode_returns: dict[Hashable, list[float]] = {}
+    for g, r in zip(group_ids, rewards):
+        episode_returns.setdefault(g, []).append(float(r.sum()))
+    for (g, _), turns in members.items():
+        if len(turns) == 1 and (include_zero or not _all_equal(episode_returns[g], ddof, zero_tol)):
+            e, t, _ = turns[0]
+            keep[e][t] = True
+    return keep
+
+
+def _all_equal(returns: list[float], ddof: int, zero_tol: float) -> bool:
+    """True when a group's returns have no spread (std <= zero_tol), as a lone episode has none."""
+    if len(returns) < 2:
+        return True
+    return bool(_zero_variance(_reward_variance(np.array([returns]), ddof, "the anchor filter"), zero_tol)[0])
 
 
 def _most_spread(returns: np.ndarray, k: int) -> np.ndarray:

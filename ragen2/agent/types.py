@@ -48,3 +48,5 @@ class Trajectory:
     terminated: bool = False
     truncated: bool = False
     error: str | None = None  # set when the env raised; the episode ended there
+    # filter.level=anchor: which turns the update trains on (set on the filter's copies); None trains every turn
+    trained_turns: list[bool] | None = None

@@ -30,7 +30,8 @@ class Batch:
     input_ids:      long  [B, T]      token ids, right-padded with the pad id
     attention_mask: long  [B, T]      1 on real tokens, 0 on padding
     targets:        long  [B, T - 1]  input_ids[:, 1:], the token each logit column predicts
-    mask:           float [B, T - 1]  1 where the target is a token the policy generated
+    mask:           float [B, T - 1]  1 where the target is a token the policy generated (with
+                                      filter.level=anchor, of a turn the filter kept)
     returns:        float [B]         episode return of the sequence's trajectory
     group_ids:      long  [B]         group (shared env seed) of the sequence's trajectory
     traj_index:     long  [B]         index of the sequence's trajectory in the input list

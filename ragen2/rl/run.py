@@ -37,6 +37,7 @@ from ragen2.rl import distributed, fsdp
 from ragen2.rl.checkpoint import Checkpoint, load_checkpoint, resume_fix, set_rng_state
 from ragen2.rl.critic import load_critic
 from ragen2.rl.guards import EarlyStopGuards
+from ragen2.rl.kl_control import KLController
 from ragen2.rl.run_lock import RunLock
 from ragen2.tracking import Tracker
 
@@ -57,8 +58,9 @@ class Run:
     diagnostics: OnlineDiagnostics
     critic: PreTrainedModel | None = None  # PPO only
     critic_optimizer: torch.optim.Optimizer | None = None
-    reference: PreTrainedModel | None = None  # frozen initial policy: for algo.kl_coef > 0 or the grad-SNR probe
+    reference: PreTrainedModel | None = None  # frozen initial policy: for a KL penalty or the grad-SNR probe
     guards: EarlyStopGuards | None = None  # early_stop.*; None only for a Run built by hand
+    kl_ctrl: KLController | None = None  # beta of the KL in the reward (algo.kl_in_reward)
     step: int = 0  # last completed (logged) step
     saved_step: int = 0  # step of the newest checkpoint marked latest
     skipped_in_a_row: int = 0  # consecutive steps where filtering kept nothing
@@ -97,8 +99,7 @@ def setup(config: Config, resume_dir: Path | None = None) -> Run:
         # Files are checked before a run directory exists: a run that cannot start leaves nothing behind.
         if checkpoint is not None:
             _check_checkpoint_models(checkpoint, config)
-        g = config.grad_snr
-        if checkpoint is None or config.model.lora_rank > 0 or config.algo.kl_coef > 0 or (g.enable and g.kl_reference):
+        if checkpoint is None or config.model.lora_rank > 0 or _uses_reference(config):
             check_model_path(config.model.path)  # weights load from model.path: the policy, LoRA's base, the reference
         distributed.on_main(lambda: resolve_model_path(config.model.path))  # a tiny policy is built once, not per rank
         if resume_dir is None:
@@ -147,8 +148,7 @@ def _build_run(config: Config, run_dir: Path, checkpoint: Checkpoint | None) -> 
         critic.train()
         if config.model.fsdp:
             fsdp.shard(critic)
-    probe_kl = config.grad_snr.enable and config.grad_snr.kl_reference
-    reference = _reference_policy(config, policy, device) if config.algo.kl_coef > 0 or probe_kl else None
+    reference = _reference_policy(config, policy, device) if _uses_reference(config) else None
     trainee = None
     if config.model.fsdp:
         trainee = fsdp.shard_policy(policy)
@@ -169,7 +169,7 @@ def _build_run(config: Config, run_dir: Path, checkpoint: Checkpoint | None) -> 
     ) if distributed.is_main() else distributed.SilentTracker()
     diagnostics = OnlineDiagnostics(config.collapse, config.trainer.seed, run=config)
     run = Run(config, run_dir, device, policy, tokenizer, optimizer, tracker, diagnostics, critic, critic_optimizer,
-              reference, EarlyStopGuards(config.early_stop), trainee=trainee)
+              reference, EarlyStopGuards(config.early_stop), kl_controller(config), trainee=trainee)
     if checkpoint is not None:
         _restore(run, checkpoint)
         if saved is not None and saved != config.trainer.total_steps:
@@ -178,11 +178,26 @@ def _build_run(config: Config, run_dir: Path, checkpoint: Checkpoint | None) -> 
     return run
 
 
+def _uses_reference(config: Config) -> bool:
+    """Whether the frozen initial policy is needed: a KL penalty (loss or reward), or the grad-SNR probe's KL."""
+    g = config.grad_snr
+    return config.algo.kl_coef > 0 or config.algo.kl_in_reward or (g.enable and g.kl_reference)
+
+
+def kl_controller(config: Config) -> KLController | None:
+    """The controller of `algo.kl_ctrl` at its starting beta, or None without `algo.kl_in_reward`."""
+    a = config.algo
+    if not a.kl_in_reward:
+        return None
+    return KLController(a.kl_reward_coef, a.kl_target if a.kl_ctrl == "adaptive" else None, a.kl_horizon)
+
+
 def run_header(config: Config, run_dir: Path, device: torch.device) -> str:
     """The few lines a run starts with: what trains, on what, and where its files go (the rest is in config.yaml)."""
     f, r, m = config.filter, config.rollout, config.model
     filtering = "none" if f.strategy == "none" else f"{f.strategy} {f.value:g}"
     filtering += "" if f.include_zero else " (zero-variance groups dropped)"
+    filtering += " over anchor states" if f.level == "anchor" else ""
     lora = f", LoRA rank {m.lora_rank}" if m.lora_rank > 0 else ""
     steps = (f"{_count(config.trainer.total_steps, 'step')} of {_count(r.num_groups, 'group')} x "
              f"{_count(r.group_size, 'episode')}")
@@ -281,6 +296,8 @@ def _restore(run: Run, checkpoint) -> None:
         set_rng_state(state["rng"])
         run.diagnostics.load_state_dict(state["diagnostics"])
         run.guards.load_state_dict(state.get("guards", {}))
+        if run.kl_ctrl is not None:
+            run.kl_ctrl.load_state_dict(state["kl_ctrl"])
     except (KeyError, ValueError, TypeError, RuntimeError) as e:
         raise CheckpointError(
             f"checkpoint {checkpoint.path}: its trainer state does not fit this run ({type(e).__name__}: {e})"

@@ -7,7 +7,8 @@ One step is a list of named, timed phases (each logged as `timing_s/<phase>`):
     filter     keep the groups whose returns vary most (ragen2.filtering, RAGEN-2 §6)
     grad_snr   every `grad_snr.freq` steps when enabled: task / KL / entropy gradient
                norms per reward-variance bucket, no optimizer step (ragen2.collapse.grad_snr)
-    advantage  advantages of the kept groups only, so group baselines stay intact
+    advantage  advantages of the kept groups only, so group baselines stay intact (with
+               `algo.kl_in_reward`, the KL penalty in the rewards, then beta's update)
     update     clipped policy-gradient epochs over mini-batches (+ the critic for PPO)
     evaluate   held-out episodes every `trainer.eval_every` steps and at the end
     checkpoint every `trainer.save_every` steps and at the end (ragen2.rl.checkpoint)
@@ -64,7 +65,7 @@ from ragen2.config import Config, validate
 from ragen2.envs import EVAL_SEED_OFFSET
 from ragen2.errors import DivergedError
 from ragen2.evaluate import evaluate, write_rollout_records
-from ragen2.filtering import group_stats, loss_scale, select_groups, select_trajectories
+from ragen2.filtering import group_stats, loss_scale, select_anchor_turns, select_groups, select_trajectories
 from ragen2.models.loading import resolve_device
 from ragen2.progress import Progress
 from ragen2.rl import distributed, fsdp
@@ -88,6 +89,7 @@ from ragen2.rl.advantages import (
 from ragen2.rl.batch import Batch, build_batch, response_logits
 from ragen2.rl.checkpoint import mark_latest, save_checkpoint
 from ragen2.rl.critic import critic_values
+from ragen2.rl.kl_control import kl_reward_penalty, mean_sequence_kl
 from ragen2.rl.losses import (
     aggregate,
     entropy_from_logits,
@@ -214,6 +216,8 @@ def training_step(run: Run, step: int, interrupts: _Interrupts) -> dict[str, flo
         if kept:
             with timer("advantage"):
                 batch = advantage_phase(run, kept)
+                if run.kl_ctrl is not None:
+                    metrics |= kl_control_phase(run, batch)
             scale = loss_scale(int(metrics["filter/kept_groups"]), run.config.rollout.num_groups,
                                run.config.filter.loss_scale)
             with timer("update"):
@@ -332,23 +336,49 @@ def diagnose_phase(
 
 def filter_phase(run: Run, trajectories: list[Trajectory]) -> tuple[list[Trajectory], dict[str, float]]:
     """SNR-aware filtering: keep whole groups, ranked by reward variance (or `filter.metric`), and with
-    `filter.trajectory_keep` < 1 only the most spread-out episodes of each (trajectory-level filtering)."""
+    `filter.trajectory_keep` < 1 only the most spread-out episodes of each (trajectory-level filtering);
+    with `filter.level=anchor`, GiGPO's anchor-state groups instead of prompt groups (`anchor_filter`)."""
     f, P, G = run.config.filter, run.config.rollout.num_groups, run.config.rollout.group_size
     rewards = np.array([t.episode_return for t in trajectories]).reshape(P, G)  # [P, G], group-major
-    scores = _measured_scores(run, trajectories, f.metric)  # [P, G] for length / entropy, else None
-    kept_groups = select_groups(
-        rewards, f.strategy, f.value, f.metric, f.include_zero, f.ddof, f.order, scores,
-        selection_eps=f.selection_eps, zero_tol=f.zero_tol,
-    )
-    kept = set(kept_groups.tolist())
     metrics = {f"rollout/{k}": v for k, v in group_stats(rewards, f.ddof, f.zero_tol).items()}
+    if f.level == "anchor":
+        kept_trajectories, metrics["filter/kept_turn_ratio"] = anchor_filter(run, trajectories)
+        kept = {t.group_id for t in kept_trajectories}
+    else:
+        scores = _measured_scores(run, trajectories, f.metric)  # [P, G] for length / entropy, else None
+        kept_groups = select_groups(
+            rewards, f.strategy, f.value, f.metric, f.include_zero, f.ddof, f.order, scores,
+            selection_eps=f.selection_eps, zero_tol=f.zero_tol,
+        )
+        kept = set(kept_groups.tolist())
+        spread = select_trajectories(rewards, f.trajectory_keep).reshape(-1)  # [P*G]; all True at trajectory_keep=1
+        kept_trajectories = [t for t, keep in zip(trajectories, spread) if keep and t.group_id in kept and t.samples]
     metrics |= {
         "filter/kept_ratio": len(kept) / P,
         "filter/kept_groups": float(len(kept)),
         "filter/skipped": float(not kept),
     }
-    spread = select_trajectories(rewards, f.trajectory_keep).reshape(-1)  # [P*G]; all True at trajectory_keep=1
-    return [t for t, keep in zip(trajectories, spread) if keep and t.group_id in kept and t.samples], metrics
+    return kept_trajectories, metrics
+
+
+def anchor_filter(run: Run, trajectories: list[Trajectory]) -> tuple[list[Trajectory], float]:
+    """`filter.level=anchor`: the filter's rules over GiGPO's anchor-state groups (`select_anchor_turns`).
+
+    Returns every episode of each group that kept a turn, as copies whose `trained_turns` name the
+    kept turns (the others stay in for GiGPO's episode-level baseline, and train on nothing), and
+    the share of the batch's turns kept.
+    """
+    f, a = run.config.filter, run.config.algo
+    keep = select_anchor_turns(
+        [[turn.reward for turn in t.turns] for t in trajectories], [t.group_id for t in trajectories],
+        [[turn.observation for turn in t.turns] for t in trajectories], a.gamma, f.strategy, f.value, f.metric,
+        f.include_zero, f.ddof, f.order, selection_eps=f.selection_eps, zero_tol=f.zero_tol,
+    )
+    groups = {t.group_id for t, k in zip(trajectories, keep) if k.any()}
+    kept = [dataclasses.replace(t, trained_turns=k.tolist())
+            for t, k in zip(trajectories, keep) if t.group_id in groups and t.samples]
+    turns = sum(len(k) for k in keep)
+    return kept, sum(int(k.sum()) for k in keep) / turns if turns else 0.0
 
 
 def advantage_phase(run: Run, kept: list[Trajectory]) -> Batch:
@@ -359,6 +389,10 @@ def advantage_phase(run: Run, kept: list[Trajectory]) -> Batch:
     """
     a = run.config.algo
     batch = build_batch(kept, run.tokenizer.pad_token_id).to(run.device)
+    if a.kl_in_reward:  # the policy that sampled the batch and the reference, for the KL in the reward
+        with torch.no_grad():
+            batch.old_logp = _in_micro_batches(lambda mb: _logprobs(run.policy, mb), batch, a.micro_batch_size)
+            batch.ref_logp = _in_micro_batches(lambda mb: _logprobs(run.reference, mb), batch, a.micro_batch_size)
     # Per trajectory, not per sequence: with one sequence per turn, a long episode must
     # not weigh more in its group's baseline.
     returns = torch.tensor([t.episode_return for t in kept], device=run.device)  # [N]
@@ -398,15 +432,43 @@ def advantage_phase(run: Run, kept: list[Trajectory]) -> Batch:
     if a.grpo_advantage_length_weight:
         advantages = length_weighted(advantages, batch.mask)
     batch.advantages = a.task_advantage_scale * advantages
+    if any(t.trained_turns is not None for t in kept):
+        batch = kept_turns_only(kept, batch)
     return batch
 
 
+def kept_turns_only(kept: list[Trajectory], batch: Batch) -> Batch:
+    """`filter.level=anchor`: the batch with the turns the filter dropped masked out, after the advantages
+    (their turns still counted in GiGPO's baselines), and without the rows left with no trained token."""
+    flags = [[float(k) for k in (t.trained_turns or [True] * len(t.turns))] for t in kept]
+    trained = turn_values_to_tokens(flags, batch.traj_index, batch.mask)  # [B, T-1], 1 on kept turns' tokens
+    batch.mask, batch.advantages = batch.mask * trained, batch.advantages * trained
+    return batch.select(batch.mask.any(dim=1).nonzero().squeeze(1))
+
+
 def _token_rewards(run: Run, kept: list[Trajectory], batch: Batch) -> torch.Tensor:
-    """[B, T-1]: each turn's reward on its last model token (algo.turn_rewards), else each row's return on its last."""
-    if not run.config.algo.turn_rewards:
-        return place_terminal_reward(batch.returns, batch.mask)
-    per_turn = [[turn.reward for turn in t.turns] for t in kept]
-    return turn_values_to_tokens(per_turn, batch.traj_index, batch.mask) * turn_ends(batch.mask)
+    """[B, T-1]: each turn's reward on its last model token (algo.turn_rewards), else each row's return on its last;
+    with `algo.kl_in_reward`, minus beta x the KL to the reference on every model token."""
+    a = run.config.algo
+    if a.turn_rewards:
+        per_turn = [[turn.reward for turn in t.turns] for t in kept]
+        rewards = turn_values_to_tokens(per_turn, batch.traj_index, batch.mask) * turn_ends(batch.mask)
+    else:
+        rewards = place_terminal_reward(batch.returns, batch.mask)
+    if a.kl_in_reward:
+        rewards = kl_reward_penalty(rewards, batch.old_logp, batch.ref_logp, batch.mask, run.kl_ctrl.value,
+                                    a.kl_estimator)
+    return rewards
+
+
+def kl_control_phase(run: Run, batch: Batch) -> dict[str, float]:
+    """`algo.kl_in_reward`: log the beta this step's rewards used and the batch's mean KL, then let the
+    controller move beta for the next step (verl's `apply_kl_penalty` order)."""
+    a = run.config.algo
+    kl = mean_sequence_kl(batch.old_logp, batch.ref_logp, batch.mask, a.kl_estimator)
+    metrics = {"train/reward_kl": kl, "train/reward_kl_coef": run.kl_ctrl.value}
+    run.kl_ctrl.update(kl, len(batch))
+    return metrics
 
 
 def grad_snr_phase(run: Run, trajectories: list[Trajectory]) -> dict[str, float]:
@@ -443,9 +505,9 @@ def update_phase(run: Run, batch: Batch, step: int, scale: float) -> dict[str, f
         # The policy before this update, the denominator of the PPO ratio. With one epoch of one
         # mini-batch nothing has changed when the loss is computed, so `policy_step` uses its
         # own log-probs, detached, and this forward pass is saved.
-        if a.ppo_epochs > 1 or len(batch) > a.mini_batch_size:
+        if batch.old_logp is None and (a.ppo_epochs > 1 or len(batch) > a.mini_batch_size):
             batch.old_logp = _in_micro_batches(lambda mb: _logprobs(run.policy, mb), batch, a.micro_batch_size)
-        if a.kl_coef > 0:
+        if a.kl_coef > 0 and batch.ref_logp is None:  # algo.kl_in_reward computed it already
             batch.ref_logp = _in_micro_batches(lambda mb: _logprobs(run.reference, mb), batch, a.micro_batch_size)
     factor = lr_factor(step, cfg.optim.warmup_steps, cfg.optim.schedule, cfg.trainer.total_steps)
     _set_lr(run.optimizer, cfg.optim.lr * factor)
@@ -508,7 +570,7 @@ def policy_step(run: Run, mini: Batch, scale: float) -> dict[str, float]:
         loss = pg_loss
         if a.entropy_coef:  # without a bonus the entropy is only logged, and backward skips its gradient
             loss = loss - a.entropy_coef * aggregate(entropy, mb.mask, agg, norm, **counts)
-        if mb.ref_logp is not None:
+        if a.kl_coef > 0:
             kl = kl_penalty(logp, mb.ref_logp, a.kl_estimator)  # [b, t-1]
             loss = loss + a.kl_coef * aggregate(kl, mb.mask, agg, norm, **counts)
             totals["kl"] += (kl.detach() * mb.mask).sum() / tokens
@@ -524,7 +586,7 @@ def policy_step(run: Run, mini: Batch, scale: float) -> dict[str, float]:
         _pad_to_lockstep(mini, a.micro_batch_size, len(micro_batches), lambda mb: response_logits(model, mb)[0],
                          backward=True)
     totals = _sum_over_ranks(totals, ["loss", "policy_loss", "entropy", "clipfrac", "dual_clipfrac", "approx_kl"]
-                             + (["kl"] if mini.ref_logp is not None else []))
+                             + (["kl"] if a.kl_coef > 0 else []))
     if run.trainee is None:
         distributed.all_reduce_grads(_trainable(run.optimizer))
     grad_norm = _clip_and_step(run.optimizer, totals.pop("loss"), run.config.optim.grad_clip)
@@ -603,7 +665,7 @@ def _save(run: Run, step: int, gathered: dict[str, dict] | None = None) -> None:
         "skipped_in_a_row": run.skipped_in_a_row,
         "diagnostics": run.diagnostics.state_dict(),
         "guards": run.guards.state_dict(),
-    }
+    } | ({"kl_ctrl": run.kl_ctrl.state_dict()} if run.kl_ctrl is not None else {})
     save_checkpoint(run.run_dir, step, run.policy, run.tokenizer, run.config, state, run.critic,
                     gathered.get("critic_weights"))
 
