@@ -1,4 +1,4 @@
-"""The `ragen2` command line: train | eval | warmstart | report | diagnose | sweep.
+"""The `ragen2` command line: train | eval | warmstart | report | diagnose | sweep | serve.
 
 Library code never prints; this module is the only place that talks to the terminal.
 """
@@ -148,6 +148,9 @@ def cmd_train(args: argparse.Namespace) -> int:
                 f"{preset!r} is not a preset; overrides are key=value, e.g. {_override_example(preset)}"
             )
         config = load_config(preset, overrides)
+        if preset == "agent" and not config.agent.entrypoint:
+            raise Ragen2Error("the agent preset trains your own agent loop: give it as "
+                              "agent.entrypoint=FILE.py:FUNCTION, FUNCTION(client, seed) -> reward (docs/agents.md)")
         logging.getLogger("ragen2").info("preset %s", preset or "sokoban (the default)")
     from ragen2.models.hub import check_model_name
 
@@ -176,6 +179,28 @@ def _resumed_config(run_dir: Path, overrides: list[str]) -> Config:
                 "Start a new run for other settings."
             )
     return load_config(str(run_dir / "config.yaml"), overrides)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    if not 0 <= args.port <= 65535 or args.max_tokens < 1:
+        raise Ragen2Error(f"--port {args.port} --max-tokens {args.max_tokens}: need a port in 0..65535 and "
+                          "max tokens >= 1")
+    from ragen2.models.loading import check_model_path
+    from ragen2.serve.endpoint import serve_policy
+
+    model = args.model
+    latest = Path(model) / "checkpoints" / "latest"
+    if latest.is_file():  # a run directory: its latest checkpoint
+        model = str(Path(model) / "checkpoints" / latest.read_text().strip())
+    if model != "tiny":
+        check_model_path(model, f"model {model}")
+    endpoint = serve_policy(None if model == "tiny" else model, args.device, args.host, args.port, args.max_tokens)
+    print(f"serving {model} at {endpoint.url}/v1 (POST /v1/chat/completions); Ctrl-C stops", flush=True)
+    try:
+        endpoint.wait()
+    finally:
+        endpoint.close()
+    return 0
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
@@ -344,6 +369,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_warmstart)
 
     p = sub.add_parser(
+        "serve",
+        help="Serve a policy behind an OpenAI-compatible endpoint (/v1/chat/completions, tools included).",
+        description="Serve a policy for agent loops that run as separate processes: POST /v1/chat/completions "
+        "with the OpenAI request shape, `tools` rendered by the policy's chat template and `<tool_call>` blocks "
+        "returned as tool_calls; concurrent requests are batched. Sampling follows each request (temperature, "
+        "top_p, seed, max_tokens up to --max-tokens); `logprobs` and vLLM's `return_token_ids` are honoured. "
+        "Training serves the same endpoint itself (`ragen2 train agent`, docs/agents.md).",
+    )
+    p.add_argument("model", help="Model directory, run directory (its latest checkpoint), hub name, .gguf file or "
+                   "'tiny'.")
+    p.add_argument("--host", default="127.0.0.1", help="Address to listen on (default: 127.0.0.1).")
+    p.add_argument("--port", type=int, default=8000, help="Port (default: 8000; 0 = any free port).")
+    p.add_argument("--max-tokens", type=int, default=1024, help="Cap on a completion's tokens (default: 1024).")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda (default: auto).")
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser(
         "diagnose",
         help="MI proxies (template collapse) of saved rollouts, scored by a model.",
         description="Score every reasoning of a rollout file under every input with MODEL, print the MI "
@@ -454,6 +496,8 @@ def _quiet_libraries() -> None:
     the LOAD REPORT of a newly initialised critic head): they bury the run's own lines. -v keeps them.
     The variables are read at import, so this runs before the commands import the libraries."""
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    for name in ("httpx", "httpx2"):  # the HTTP clients of `openai`: a line per request of an agent loop
+        logging.getLogger(name).setLevel(logging.WARNING)
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     if "transformers" in sys.modules:  # main() called from Python after an import
         import transformers

@@ -9,6 +9,7 @@ dotted path and the closest valid keys, a bad value names the allowed values.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import logging
 import math
 import os
@@ -470,6 +471,29 @@ class LoggingConfig:
 
 
 @dataclass
+class AgentConfig:
+    entrypoint: str | None = _f(
+        None,
+        "Train an agent loop ragen2 did not write (the `agent` preset; docs/agents.md): FILE.py:FUNCTION or "
+        "package.module:FUNCTION. FUNCTION(client, seed) plays one episode and returns its reward; client is an "
+        "openai.OpenAI (openai.AsyncOpenAI for an async def) whose base_url is ragen2's endpoint serving the current "
+        "policy. Episodes with the same seed form a group; rollout.max_turns caps the calls of an episode. "
+        "null = the rollout loop plays env.name.",
+    )
+    success_reward: float = _f(
+        1.0, "An agent episode counts as a success (rollout/success_rate, eval/success_rate) when its reward is at "
+        "least this.",
+    )
+    batch_wait_s: float = _f(
+        0.05, "Longest a request waits for the other running episodes' requests to join its batch; a batch goes at "
+        "once when every running episode has a request waiting.",
+    )
+    request_timeout_s: float = _f(600.0, "The agent's client gives up on a request after this many seconds.")
+    host: str = _f("127.0.0.1", "Address the endpoint listens on.")
+    port: int = _f(0, "Port the endpoint listens on; 0 takes a free one.")
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
@@ -482,6 +506,7 @@ class Config:
     grad_snr: GradSNRConfig = field(default_factory=GradSNRConfig)
     early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
 
 
 # ----------------------------------------------------------------------------- building
@@ -755,21 +780,10 @@ def check_sizes(config: Config, memory_bytes: int | None = None) -> None:
 
 def validate(config: Config) -> None:
     """Refuse settings that cannot work, with the reason, before any work starts."""
-    from ragen2 import envs
-    from ragen2.envs.external import SUITES
-
-    if not envs.exists(config.env.name):
-        raise ConfigError(
-            f"env.name={config.env.name!r} is not a registered environment; valid: {', '.join(envs.names())}, "
-            f"or a suite's game ({', '.join(f'{s}:GAME' for s in SUITES)}, e.g. textarena:TowerOfHanoi-v0)."
-            + did_you_mean(config.env.name, envs.names())
-        )
-    try:  # building one instance checks env.kwargs against the constructor, with its own message
-        envs.make(config.env.name, **config.env.kwargs)
-    except TypeError as e:
-        raise ConfigError(f"env.kwargs for {config.env.name!r}: {e}") from e
-    except ConfigError as e:
-        raise ConfigError(f"env.kwargs for {config.env.name!r}: {e}") from e
+    if config.agent.entrypoint is not None:
+        _validate_agent(config)
+    else:
+        _validate_env(config)
     r, a = config.rollout, config.algo
     for key, value in [
         ("algo.ppo_epochs", a.ppo_epochs),
@@ -875,6 +889,43 @@ def validate(config: Config) -> None:
         raise ConfigError(f"trainer.eval_temperature={config.trainer.eval_temperature} must be >= 0")
     if a.clip_low < 0 or a.clip_high < 0:
         raise ConfigError("algo.clip_low and algo.clip_high must be >= 0")
+
+
+def _validate_env(config: Config) -> None:
+    """env.name is registered and env.kwargs fit its constructor."""
+    from ragen2 import envs
+    from ragen2.envs.external import SUITES
+
+    if not envs.exists(config.env.name):
+        raise ConfigError(
+            f"env.name={config.env.name!r} is not a registered environment; valid: {', '.join(envs.names())}, "
+            f"or a suite's game ({', '.join(f'{s}:GAME' for s in SUITES)}, e.g. textarena:TowerOfHanoi-v0)."
+            + did_you_mean(config.env.name, envs.names())
+        )
+    try:  # building one instance checks env.kwargs against the constructor, with its own message
+        envs.make(config.env.name, **config.env.kwargs)
+    except TypeError as e:
+        raise ConfigError(f"env.kwargs for {config.env.name!r}: {e}") from e
+    except ConfigError as e:
+        raise ConfigError(f"env.kwargs for {config.env.name!r}: {e}") from e
+
+
+def _validate_agent(config: Config) -> None:
+    """agent.entrypoint names a function of two arguments, and the settings it needs hold."""
+    from ragen2.serve.entrypoint import load_entrypoint
+
+    missing = [name for name in ("openai", "fastapi", "uvicorn") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ConfigError(f"agent.entrypoint needs {', '.join(missing)}, which are not installed: "
+                          "pip install 'ragen2[agents]'")
+    load_entrypoint(config.agent.entrypoint)
+    g = config.agent
+    if not (g.batch_wait_s >= 0 and g.request_timeout_s > 0 and 0 <= g.port <= 65535):
+        raise ConfigError(f"agent.batch_wait_s={g.batch_wait_s}, agent.request_timeout_s={g.request_timeout_s}, "
+                          f"agent.port={g.port}: need a wait >= 0 s, a timeout > 0 s and a port in 0..65535")
+    if config.rollout.backend != "hf":
+        raise ConfigError(f"agent.entrypoint serves the policy with rollout.backend=hf; "
+                          f"rollout.backend={config.rollout.backend} is not supported there")
 
 
 def to_dict(config: Config) -> dict[str, Any]:

@@ -31,6 +31,8 @@ from ragen2.verdict import LEARNED, VS_RANDOM, binomial_se, verdict
 
 if TYPE_CHECKING:
     from ragen2.config import Config, EnvConfig
+    from ragen2.serve.agent_loop import AgentRunner
+    from ragen2.serve.batcher import Sampling
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +54,18 @@ def evaluate(
     seeds = envs.eval_seeds(episodes)
     backend = HFBackend(model, tokenizer, batch_size=batch_size, prefix_reuse=cfg.prefix_reuse)
     trajectories = rollout(backend, tokenizer, env_name, env_kwargs, seeds, list(range(episodes)), cfg)
+    return _eval_metrics(summarize(trajectories), [t.success for t in trajectories]), trajectories
+
+
+def evaluate_agent(
+    runner: AgentRunner, episodes: int, sampling: Sampling, seed: int
+) -> tuple[dict[str, float], list[Trajectory]]:
+    """`evaluate` for an agent loop (`agent.entrypoint`): one episode per held-out seed, sampled with `sampling`,
+    each from its own stream derived from `seed`."""
+    from ragen2.agent.rollout import stable_seed
+
+    seeds = envs.eval_seeds(episodes)
+    trajectories = runner.play(seeds, list(range(episodes)), [stable_seed(seed, i) for i in range(episodes)], sampling)
     return _eval_metrics(summarize(trajectories), [t.success for t in trajectories]), trajectories
 
 

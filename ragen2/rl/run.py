@@ -16,6 +16,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import yaml
@@ -39,7 +40,11 @@ from ragen2.rl.critic import load_critic
 from ragen2.rl.guards import EarlyStopGuards
 from ragen2.rl.kl_control import KLController
 from ragen2.rl.run_lock import RunLock
+from ragen2.serve.entrypoint import agent_name
 from ragen2.tracking import Tracker
+
+if TYPE_CHECKING:
+    from ragen2.serve.agent_loop import AgentRunner
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +78,7 @@ class Run:
     # The diagnostics' state (MI EMAs, alarm) as of `step`: a step cut off by Ctrl-C after its check
     # has already moved the live state, and the checkpoint written then must not include that move.
     diagnostics_at_step: dict | None = None
-
+    agent: AgentRunner | None = None  # agent.entrypoint: its endpoint and function, made at the first rollout
 
 
 def setup(config: Config, resume_dir: Path | None = None) -> Run:
@@ -201,9 +206,14 @@ def run_header(config: Config, run_dir: Path, device: torch.device) -> str:
     lora = f", LoRA rank {m.lora_rank}" if m.lora_rank > 0 else ""
     steps = (f"{_count(config.trainer.total_steps, 'step')} of {_count(r.num_groups, 'group')} x "
              f"{_count(r.group_size, 'episode')}")
-    return (f"run {run_dir}: {config.env.name}, {config.algo.name}, filter {filtering}; "
+    return (f"run {run_dir}: {task_name(config)}, {config.algo.name}, filter {filtering}; "
             f"model {m.path or 'tiny (built-in)'}{lora} on {device}; {steps}\n"
             f"  config: {run_dir / 'config.yaml'} (printed with -v)")
+
+
+def task_name(config: Config) -> str:
+    """What the run trains on: env.name, or `agent:FILE:FUNCTION` for agent.entrypoint."""
+    return agent_name(config.agent.entrypoint) if config.agent.entrypoint else config.env.name
 
 
 def _count(n: int, noun: str) -> str:
@@ -232,7 +242,7 @@ def _new_run_dir(config: Config) -> Path:
             )
     else:
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        env = re.sub(r"[^\w.-]", "_", config.env.name)  # textarena:Sudoku-v0 -> textarena_Sudoku-v0: a plain file name
+        env = re.sub(r"[^\w.-]", "_", task_name(config))  # textarena:Sudoku-v0 -> textarena_Sudoku-v0: a plain file name
         run_dir = Path("runs") / f"{env}-{config.algo.name}-{stamp}"
         n = 1
         while run_dir.exists():

@@ -48,6 +48,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -64,7 +65,7 @@ from ragen2.collapse.turn_signal import turn_signal_metrics
 from ragen2.config import Config, validate
 from ragen2.envs import EVAL_SEED_OFFSET
 from ragen2.errors import DivergedError
-from ragen2.evaluate import evaluate, write_rollout_records
+from ragen2.evaluate import evaluate, evaluate_agent, write_rollout_records
 from ragen2.filtering import group_stats, loss_scale, select_anchor_turns, select_groups, select_trajectories
 from ragen2.models.loading import resolve_device
 from ragen2.progress import Progress
@@ -101,6 +102,10 @@ from ragen2.rl.losses import (
 )
 from ragen2.rl.run import Run, setup
 from ragen2.rl.summary import summary_table
+from ragen2.serve.batcher import Sampling
+
+if TYPE_CHECKING:
+    from ragen2.serve.agent_loop import AgentRunner
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +157,8 @@ def train(config: Config, resume_dir: Path | None = None) -> str:
             _train_loop(run)
             return summary_table(run) if distributed.is_main() else ""
         finally:
+            if run.agent is not None:
+                run.agent.close()
             if run.lock is not None:
                 run.lock.release()
 
@@ -272,10 +279,15 @@ def rollout_phase(run: Run, step: int) -> tuple[list[Trajectory], dict[str, floa
     torch.manual_seed(derived_seed(cfg.trainer.seed, step, "rollout"))
     stats = RolloutStats()
     with _finite_sampling(run, step, "training rollouts"):
-        trajectories = rollout(
-            backend_of(run), run.tokenizer, cfg.env.name, cfg.env.kwargs, seeds[mine], group_ids[mine], cfg=cfg.rollout,
-            stats=stats, sample_seeds=sample_seeds[mine],
-        )
+        if cfg.agent.entrypoint:
+            sampling = Sampling(cfg.rollout.max_tokens_per_turn, cfg.rollout.temperature, cfg.rollout.top_p,
+                                cfg.rollout.top_k)
+            trajectories = agent_of(run).play(seeds[mine], group_ids[mine], sample_seeds[mine], sampling, stats)
+        else:
+            trajectories = rollout(
+                backend_of(run), run.tokenizer, cfg.env.name, cfg.env.kwargs, seeds[mine], group_ids[mine],
+                cfg=cfg.rollout, stats=stats, sample_seeds=sample_seeds[mine],
+            )
     trajectories = distributed.gather_objects(trajectories)  # all P x G, in group order, on every rank
     returns = np.array([t.episode_return for t in trajectories])
     metrics = summarize(trajectories) | turn_signal_metrics(trajectories, cfg.algo.gamma) | {
@@ -308,9 +320,23 @@ def backend_of(run: Run) -> GenerationBackend:
     return run.backend
 
 
+def agent_of(run: Run) -> AgentRunner:
+    """`agent.entrypoint`'s endpoint and function, started on first use (closed when `train` returns)."""
+    from ragen2.serve.agent_loop import AgentRunner  # the web server's packages are the `agents` extra
+
+    run.agent = run.agent or AgentRunner(backend_of(run), run.tokenizer, run.config.rollout, run.config.agent)
+    return run.agent
+
+
 def make_backend(run: Run) -> GenerationBackend:
-    """The engine of `rollout.backend`: `generate` on the policy itself, or a vLLM engine holding a copy of its weights."""
+    """The engine of `rollout.backend`: `generate` on the policy itself, or a vLLM engine holding a copy of its weights.
+
+    Agent loops (`agent.entrypoint`) end a completion at the end-of-turn token only: their replies are chat
+    messages, not `<answer>` blocks.
+    """
     r = run.config.rollout
+    if run.config.agent.entrypoint:
+        return HFBackend(run.policy, run.tokenizer, stop_strings=(), prefix_reuse=r.prefix_reuse)
     if r.backend == "vllm":
         return VLLMBackend(
             run.policy, run.tokenizer, gpu_memory_utilization=r.vllm_gpu_memory_utilization, seed=run.config.trainer.seed
@@ -632,9 +658,16 @@ def _evaluate(run: Run, step: int) -> dict[str, float]:
     torch.manual_seed(derived_seed(cfg.trainer.seed, step, "evaluate"))
     rollout_cfg = dataclasses.replace(cfg.rollout, temperature=cfg.trainer.eval_temperature)
     with _finite_sampling(run, step, "evaluation episodes"):
-        metrics, trajectories = evaluate(
-            run.policy, run.tokenizer, cfg.env.name, cfg.env.kwargs, rollout_cfg, cfg.trainer.eval_episodes
-        )
+        if cfg.agent.entrypoint:
+            sampling = Sampling(cfg.rollout.max_tokens_per_turn, cfg.trainer.eval_temperature, cfg.rollout.top_p,
+                                cfg.rollout.top_k)
+            metrics, trajectories = evaluate_agent(
+                agent_of(run), cfg.trainer.eval_episodes, sampling, derived_seed(cfg.trainer.seed, step, "evaluate")
+            )
+        else:
+            metrics, trajectories = evaluate(
+                run.policy, run.tokenizer, cfg.env.name, cfg.env.kwargs, rollout_cfg, cfg.trainer.eval_episodes
+            )
     write_rollout_records(
         run.run_dir / "rollouts" / f"step_{step}.jsonl", trajectories[: cfg.logging.sample_trajectories], run.tokenizer
     )
