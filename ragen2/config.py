@@ -88,6 +88,13 @@ class RolloutConfig:
         "null: the prompt holds the whole history (one training sequence per episode). "
         "k: only the last k earlier turns are shown (one training sequence per turn).",
     )
+    tool_calls: bool = _f(
+        False,
+        "Native tool calling: the environment's actions are offered as tools (JSON schema) rendered by the "
+        "policy's chat template, a turn is `<think>..</think>` then `<tool_call>{json}</tool_call>` blocks, and "
+        "their results come back as `tool` messages (docs/agents.md). Needs an environment with tools "
+        "(searchqa, webshop) and the whole history (context_turns and max_model_len null).",
+    )
     end_on_invalid: bool = _f(
         False, "End the episode (as truncation) at the first malformed turn; invalid actions never end it."
     )
@@ -869,6 +876,16 @@ def validate(config: Config) -> None:
             f"filter.metric={config.filter.metric} needs rollout.group_size >= 2; "
             "set filter.strategy=none or a larger group."
         )
+    if r.tool_calls and config.agent.entrypoint is None:
+        from ragen2 import envs
+
+        if not envs.make(config.env.name, **config.env.kwargs).tools:
+            raise ConfigError(f"rollout.tool_calls=true needs an environment that declares tools; "
+                              f"env.name={config.env.name} has none (searchqa and webshop do)")
+        if r.context_turns is not None or r.max_model_len is not None:
+            raise ConfigError(f"rollout.tool_calls=true shows the whole history (tool results answer earlier "
+                              f"calls): set rollout.context_turns=null and rollout.max_model_len=null (now "
+                              f"{r.context_turns} and {r.max_model_len})")
     if not r.enable_think and config.collapse.enable:
         logging.getLogger("ragen2").warning(
             "rollout.enable_think=false: turns have no reasoning, so the collapse proxies have nothing to score "

@@ -15,6 +15,10 @@ Layout (full history, StarPO): the whole episode is one sequence
 and the prompt of turn k is exactly the prefix of that sequence before response_k.
 Without thinking (`rollout.enable_think=false`) `<answer>` takes the place of `<think>`.
 
+Native tool calling (`tools`): the system prompt carries the tools as the template renders them,
+and after a turn that called tools, their results come back as `tool` messages in place of the next
+user message; they are environment tokens (mask 0) like any other.
+
 Two settings cut the history shown: `context_turns` (a sliding window of the last k turns)
 and `max_len` (`rollout.max_model_len`: the oldest turns are dropped while a prompt is
 longer, as RAGEN does). Prompts are then no longer prefixes of one sequence, and each turn
@@ -57,7 +61,7 @@ def user_message(turn: int, observation: str, actions_left: int) -> str:
 
 @dataclass
 class _Turn:
-    user: str  # rendered user message
+    messages: list[tuple[str, str]]  # (role, content) before the response: the user message, or tool results
     head_ids: list[int] | None  # system + this user message + gen-prefix <think>: a context starting here
     delta_ids: list[int] | None  # end of the previous response's turn + this user message + gen-prefix <think>
     first: int = 0  # index of the first turn shown in this turn's prompt
@@ -80,13 +84,16 @@ class Conversation:
         max_len: cap on a prompt's tokens; None = no cap. Turns longer than it show fewer
             earlier turns (oldest dropped first; the system prompt and the current observation
             always stay), and an episode where that happened trains one sample per turn.
+        tools: tool schemas (OpenAI's function format) for the chat template to render; tool
+            results then follow the tool calls in the history, so the history is shown whole
+            (`context_turns` and `max_len` must be None).
 
     Usage per turn: `add_observation`, `prompt_ids` (generate from it), `add_response`.
     """
 
     def __init__(
         self, tokenizer: PreTrainedTokenizerBase, system_prompt: str, context_turns: int | None = None,
-        fmt: ResponseFormat = ResponseFormat(), max_len: int | None = None,
+        fmt: ResponseFormat = ResponseFormat(), max_len: int | None = None, tools: list[dict] | None = None,
     ):
         if context_turns is not None and context_turns < 0:
             raise ValueError(
@@ -94,6 +101,10 @@ class Conversation:
             )
         if max_len is not None and max_len < 1:
             raise ValueError(f"max_len={max_len} is not allowed: use None (no cap) or an integer >= 1")
+        if tools and (context_turns is not None or max_len is not None):
+            raise ValueError(f"tools need the whole history (tool results answer earlier calls): context_turns="
+                             f"{context_turns} and max_len={max_len} must both be None")
+        self.tools = list(tools) if tools else None
         self.tokenizer = tokenizer
         self.fmt = fmt
         self.system_prompt = fmt.instruction(system_prompt)
@@ -104,19 +115,23 @@ class Conversation:
 
     # ---- building ----------------------------------------------------------------------
 
-    def add_observation(self, observation: str, actions_left: int) -> None:
-        """Start the next turn with the environment's state text."""
+    def add_observation(self, observation: str, actions_left: int, tool_results: list[str] | None = None) -> None:
+        """Start the next turn with the environment's state text, or with `tool_results` (one `tool` message
+        each, answering the previous turn's tool calls)."""
         if self._turns and self._turns[-1].response_ids is None:
             raise RuntimeError("add_observation() called twice without add_response() in between")
-        user = user_message(len(self._turns) + 1, observation, actions_left)
+        if tool_results and not self._turns:
+            raise RuntimeError("tool results answer an earlier turn's tool calls: the first turn needs an observation")
+        messages = ([("tool", r) for r in tool_results] if tool_results
+                    else [("user", user_message(len(self._turns) + 1, observation, actions_left))])
         # The head is needed for the first turn, and for every turn when the window can move.
         head = None
         if not self._turns or self.context_turns is not None or self.max_len is not None:
-            head = self._encode(self._render([("user", user)], add_generation_prompt=True) + self.fmt.prefix)
+            head = self._encode(self._render(messages, add_generation_prompt=True) + self.fmt.prefix)
         delta = None
         if self._turns and self.context_turns != 0:
-            delta = self._encode(self._text_after_response(self._turns[-1], next_user=user))
-        self._turns.append(_Turn(user=user, head_ids=head, delta_ids=delta))
+            delta = self._encode(self._text_after_response(self._turns[-1], next_messages=messages))
+        self._turns.append(_Turn(messages=messages, head_ids=head, delta_ids=delta))
         self._fit_window(len(self._turns) - 1)
 
     def prompt_ids(self) -> list[int]:
@@ -172,7 +187,7 @@ class Conversation:
         for prev, turn in pairwise(answered):
             ids += prev.response_ids + turn.delta_ids
             mask += [1] * len(prev.response_ids) + [0] * len(turn.delta_ids)
-        tail = self._encode(self._text_after_response(answered[-1], next_user=None))
+        tail = self._encode(self._text_after_response(answered[-1], next_messages=None))
         ids += answered[-1].response_ids + tail
         mask += [1] * len(answered[-1].response_ids) + [0] * len(tail)
         return [(ids, mask)]
@@ -181,7 +196,7 @@ class Conversation:
         """The conversation as chat messages; assistant content is `fmt.prefix` + response text."""
         out = [{"role": "system", "content": self.system_prompt}]
         for turn in self._turns:
-            out.append({"role": "user", "content": turn.user})
+            out += [{"role": role, "content": content} for role, content in turn.messages]
             if turn.response_ids is not None:
                 out.append({"role": "assistant", "content": self.fmt.prefix + turn.response_text})
         return out
@@ -214,21 +229,20 @@ class Conversation:
     def _render(self, messages: list[tuple[str, str]], add_generation_prompt: bool) -> str:
         """The chat template applied to the system prompt followed by (role, content) messages."""
         chat = [{"role": "system", "content": self.system_prompt}] + [{"role": r, "content": c} for r, c in messages]
-        return self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=add_generation_prompt)
+        return self.tokenizer.apply_chat_template(chat, tools=self.tools, tokenize=False,
+                                                  add_generation_prompt=add_generation_prompt)
 
-    def _text_after_response(self, turn: _Turn, next_user: str | None) -> str:
+    def _text_after_response(self, turn: _Turn, next_messages: list[tuple[str, str]] | None) -> str:
         """Template text between `turn`'s response and the next generation (or the end).
 
         Rendered from a two-turn conversation whose assistant message is a sentinel, so the
         cost per turn is constant. A special token that ends the response (EOS) and also
         starts this text is removed from it, so it is not duplicated.
         """
-        messages = [("user", turn.user), ("assistant", _SENTINEL)]
-        if next_user is not None:
-            messages.append(("user", next_user))
-        rendered = self._render(messages, add_generation_prompt=next_user is not None)
+        messages = [*turn.messages, ("assistant", _SENTINEL), *(next_messages or [])]
+        rendered = self._render(messages, add_generation_prompt=next_messages is not None)
         text = rendered[rendered.index(_SENTINEL) + len(_SENTINEL) :]
-        if next_user is not None:
+        if next_messages is not None:
             text += self.fmt.prefix
         if turn.response_ids and turn.response_ids[-1] in self._special_ids:
             last = self.tokenizer.decode(turn.response_ids[-1:], skip_special_tokens=False)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from transformers import PreTrainedTokenizerBase
 
@@ -18,6 +18,7 @@ from ragen2 import envs
 from ragen2.agent.backends import GenerationBackend, reuse_prefixes
 from ragen2.agent.conversation import Conversation, reasoning_span
 from ragen2.agent.parsing import ResponseFormat, parse_response
+from ragen2.agent.tool_calls import parse_tool_turn
 from ragen2.agent.types import Trajectory, Turn
 from ragen2.config import RolloutConfig
 from ragen2.envs.base import TextEnv
@@ -49,6 +50,7 @@ class _Episode:
     observation: str = ""
     actions_left: int = 0
     done: bool = False
+    tool_results: list[str] = field(default_factory=list)  # rollout.tool_calls: the last turn's calls' results
 
 
 def group_seeds(base_seed: int, num_groups: int, group_size: int) -> tuple[list[int], list[int]]:
@@ -101,7 +103,8 @@ def rollout(
                 break
             active_episodes = [episodes[i] for i in active]
             for e in active_episodes:
-                e.conv.add_observation(e.observation, e.actions_left)
+                e.conv.add_observation(e.observation, e.actions_left, e.tool_results)
+                e.tool_results = []
             prompts = [e.conv.prompt_ids() for e in active_episodes]
             turn_seeds = None if sample_seeds is None else [turn_seed(sample_seeds[i], turn) for i in active]
             t0 = time.perf_counter()
@@ -149,29 +152,40 @@ def _start_episode(
         return _Episode(traj=traj, conv=conversation(tokenizer, "", cfg), done=True)
     finally:
         stats.env_s += time.perf_counter() - t0
-    conv = conversation(tokenizer, env.instruction, cfg)
+    if cfg.tool_calls:
+        conv = conversation(tokenizer, env.tool_instruction, cfg, list(env.tools))
+    else:
+        conv = conversation(tokenizer, env.instruction, cfg)
     return _Episode(traj=traj, conv=conv, env=env, observation=observation, actions_left=env.max_actions)
 
 
-def conversation(tokenizer: PreTrainedTokenizerBase, instruction: str, cfg: RolloutConfig) -> Conversation:
-    """An episode's `Conversation` as the rollout builds it from `cfg` (history window, turn format, length cap)."""
+def conversation(
+    tokenizer: PreTrainedTokenizerBase, instruction: str, cfg: RolloutConfig, tools: list[dict] | None = None,
+) -> Conversation:
+    """An episode's `Conversation` as the rollout builds it from `cfg` (history window, turn format, length cap),
+    with the environment's `tools` for native tool calling."""
     fmt = ResponseFormat(think=cfg.enable_think, action_sep=cfg.action_sep)
-    return Conversation(tokenizer, instruction, cfg.context_turns, fmt, cfg.max_model_len)
+    return Conversation(tokenizer, instruction, cfg.context_turns, fmt, cfg.max_model_len, tools)
 
 
 def _play_turn(
     e: _Episode, prompt: list[int], response_ids: list[int], response_text: str,
     tokenizer: PreTrainedTokenizerBase, cfg: RolloutConfig, stats: RolloutStats,
 ) -> None:
-    """Apply one response's actions to the env and record the turn."""
+    """Apply one response's actions (its tool calls, with `rollout.tool_calls`) to the env and record the turn."""
     fmt = e.conv.fmt
-    parsed = parse_response(response_text, cfg.max_actions_per_turn, fmt)
+    if e.conv.tools:
+        parsed = parse_tool_turn(response_text, fmt, cfg.max_actions_per_turn, e.env.tool_action)
+    else:
+        parsed = parse_response(response_text, cfg.max_actions_per_turn, fmt)
     shown = e.observation
     reward, actions_valid = 0.0, parsed.valid
     t0 = time.perf_counter()
     try:
         for action in parsed.actions:
             e.observation, r, terminated, truncated, info = e.env.step(action)
+            if e.conv.tools:  # every call executed is answered by a tool message
+                e.tool_results.append(e.observation)
             reward += float(r)
             if not info["action_is_valid"]:
                 actions_valid = False

@@ -23,12 +23,20 @@ class TextEnv(gym.Env, ABC):
                            for rollout.enable_think=false and replaces `||` by rollout.action_sep.
       max_actions       -- episode length in actions; reaching it is truncation.
       info_keys         -- the keys every `step` info dict carries (a test checks it).
+
+    Native tool calling (`rollout.tool_calls=true`; docs/agents.md) needs, in addition:
+      tools             -- the actions as tool schemas (OpenAI's function format, `bracket_tool`),
+                           which the policy's chat template renders;
+      tool_instruction  -- the system text for that mode (the tools themselves are not repeated);
+      tool_action       -- the action text a call stands for (by default `NAME[value]`).
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
     instruction: ClassVar[str] = ""
     info_keys: ClassVar[frozenset[str]] = frozenset({"action_is_valid", "success"})
     max_actions: int = 10
+    tools: ClassVar[tuple[dict[str, Any], ...]] = ()
+    tool_instruction: ClassVar[str] = ""
 
     @abstractmethod
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
@@ -48,3 +56,29 @@ class TextEnv(gym.Env, ABC):
     def solve(self) -> list[str] | None:
         """A shortest action list from the current state, or None when the env has no solver."""
         return None
+
+    def tool_action(self, name: str, arguments: dict[str, Any]) -> str | None:
+        """The action a tool call stands for, or None when no tool has that name or its argument is not text.
+
+        The default reads tools made by `bracket_tool`: the call `NAME(value)` is the action `NAME[value]`.
+        """
+        for tool in self.tools:
+            function = tool["function"]
+            if function["name"] == name:
+                (parameter,) = function["parameters"]["required"]
+                value = arguments.get(parameter)
+                return f"{name}[{value}]" if isinstance(value, str) and set(arguments) == {parameter} else None
+        return None
+
+
+def bracket_tool(name: str, description: str, parameter: str, about: str) -> dict[str, Any]:
+    """The schema of a tool with one text argument, standing for the action `name[argument]`."""
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {"type": "object", "properties": {parameter: {"type": "string", "description": about}},
+                           "required": [parameter]},
+        },
+    }

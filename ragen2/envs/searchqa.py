@@ -14,7 +14,7 @@ import gymnasium as gym
 import numpy as np
 
 from ragen2.envs import ENVS
-from ragen2.envs.base import TextEnv
+from ragen2.envs.base import TextEnv, bracket_tool
 from ragen2.envs.data import DATA_DIR, read_records, require_fields
 from ragen2.errors import ConfigError
 
@@ -213,6 +213,8 @@ class SearchQAEnv(TextEnv):
     `search[query]` or `finish[answer]` (keyword case and spaces before `[`
     ignored); the text inside the brackets must be non-empty printable text of
     at most 200 characters, without brackets. Anything else is an invalid action.
+    With `rollout.tool_calls=true` the same two actions are the tools
+    `search(query)` and `finish(answer)`, called in the policy's native format.
 
     ## Observation
     `Question: ...`; after a search, the question and the top `top_k` results,
@@ -246,6 +248,20 @@ class SearchQAEnv(TextEnv):
         "the true answer.\n"
         "Answer as <think>...</think><answer>search[Lake Senna]</answer>: exactly one action, "
         "not several joined by ||."
+    )
+    tools: ClassVar[tuple[dict[str, Any], ...]] = (
+        bracket_tool("search", "Show the encyclopedia documents that best match a query.", "query",
+                     "Words to search for, e.g. Lake Senna."),
+        bracket_tool("finish", "Give your final answer; this ends the game.", "answer",
+                     "A short answer copied from the documents, e.g. 1850."),
+    )
+    tool_instruction: ClassVar[str] = (
+        "You are answering a question by searching an encyclopedia with the tools search and finish.\n"
+        "Search as often as you need within the action budget, then finish with a short answer copied from the "
+        "documents.\n"
+        "Rewards: searching earns 0; finishing earns the word overlap (F1 from 0 to 1) between your answer and "
+        "the true answer.\n"
+        "Think inside <think>...</think>, then call exactly one tool."
     )
     info_keys: ClassVar[frozenset[str]] = frozenset({"action_is_valid", "success", "exact_match", "found_gold"})
 

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 import gymnasium as gym
 
 from ragen2.envs import ENVS
-from ragen2.envs.base import TextEnv
+from ragen2.envs.base import TextEnv, bracket_tool
 from ragen2.envs.webshop_catalog import PRODUCT_TYPES, Catalog, Goal, Product, build_catalog, make_goal, purchase_reward
 from ragen2.errors import ConfigError
 
@@ -239,6 +239,8 @@ class WebShopEnv(TextEnv):
     ignoring case and extra spaces. Anything else, or a button not on the page, is
     invalid. `valid_actions()` lists the page's clicks, or on the search page one
     search per product type (`search[t-shirt]`, `search[headphones]`, ...).
+    With `rollout.tool_calls=true` the two actions are the tools `search(keywords)`
+    and `click(button)`, called in the policy's native format.
 
     ## Observation
     Every page starts with `Instruction: ...` and ends with `Available actions: ...`
@@ -271,6 +273,20 @@ class WebShopEnv(TextEnv):
         "meets (0 for a product of another type); 1 is a perfect match.\n"
         "Answer as <think>...</think><answer>Action1 || Action2</answer>: one or more actions separated by ||; "
         "each action acts on the page the previous one led to."
+    )
+    tools: ClassVar[tuple[dict[str, Any], ...]] = (
+        bracket_tool("search", "Search the shop (on the search page).", "keywords", "Words describing the product."),
+        bracket_tool("click", "Click a button of the current page; each page lists its buttons.", "button",
+                     "The button's text: next >, < prev, back to search, a product id such as B0K7TQ2MZX, an option "
+                     "such as red, description, buy now."),
+    )
+    tool_instruction: ClassVar[str] = (
+        "You are shopping on a website with the tools search and click. Find and buy the product that matches the "
+        "instruction.\n"
+        "Choose every option the instruction asks for before you buy.\n"
+        "Reward: buying scores the share of requested attributes, options and price bound that the purchase "
+        "meets (0 for a product of another type); 1 is a perfect match.\n"
+        "Think inside <think>...</think>, then call one or more tools; each acts on the page the previous one led to."
     )
     info_keys: ClassVar[frozenset[str]] = frozenset({"action_is_valid", "success"})
 
