@@ -1,4 +1,5 @@
 """Environments from other suites, named `SUITE:GAME`: `textarena:Sudoku-v0`, `textworld:coin_collector`, `gym:Blackjack-v1`.
+The tools of an MCP server are one too: `mcp:calculator`, or `mcp:NAME` with `env.kwargs.command`.
 
 Each suite is an optional extra (`ragen2[textarena]`, `ragen2[textworld]`; Gymnasium is a core
 dependency) and is imported only when one of its names is used, so `import ragen2.envs` never
@@ -18,6 +19,7 @@ SUITES: dict[str, tuple[str, str | None]] = {
     "textarena": ("ragen2.envs.external.textarena_env", "textarena"),
     "textworld": ("ragen2.envs.external.textworld_env", "textworld"),
     "gym": ("ragen2.envs.external.gym_env", None),
+    "mcp": ("ragen2.envs.external.mcp_env", "agents"),
 }
 
 
