@@ -69,6 +69,8 @@ class MCPConnection:
             self.tools = asyncio.run_coroutine_threadsafe(asyncio.wait_for(ready, timeout_s), self._loop).result()
         except Exception as e:
             self.close()
+            while isinstance(e, BaseExceptionGroup) and e.exceptions:  # anyio's task groups wrap the cause
+                e = e.exceptions[0]
             raise ConfigError(f"command={list(command)}: the MCP server did not start over stdio "
                               f"({type(e).__name__}: {e}); run the command by hand to see why") from e
 
