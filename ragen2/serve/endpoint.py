@@ -19,6 +19,7 @@ import asyncio
 import random
 import socket
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -175,7 +176,7 @@ class Endpoint:
         while not self._server.started:
             if not self._thread.is_alive():
                 raise RuntimeError(f"the endpoint did not start on {self.host}:{self.port}")
-            threading.Event().wait(0.01)
+            time.sleep(0.01)
 
     @property
     def url(self) -> str:

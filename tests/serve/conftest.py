@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
+import lookup_agent
 import pytest
 import torch
 
 from chat_templates import QWEN25_TOOLS
 from ragen2.models.tiny import build_model, build_tokenizer
-
-sys.path.insert(0, str(Path(__file__).parent))
-import lookup_agent  # noqa: E402
 
 TOOL_CALL = '<tool_call>\n{"name": "lookup", "arguments": {"key": "a"}}\n</tool_call>'
 # Half right, so rewards vary within a group; with a reasoning block for the templates that drop it from the history.

@@ -8,7 +8,10 @@ the history; several steps run on the CPU with the filter and the diagnostics on
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -115,3 +118,19 @@ def test_agent_preset_trains_several_steps(tool_policy, tmp_path, one_thread):
         records = [json.loads(line) for line in lines]
         assert records and all("<|im_start|>system" in r["prompt"] for r in records)
     assert "eval/success_rate" in table or "success" in table
+
+
+@pytest.mark.slow
+def test_train_agent_command(tool_policy, tmp_path):
+    """`ragen2 train agent agent.entrypoint=FILE.py:FUNCTION` in a subprocess, as a user runs it."""
+    run_dir = tmp_path / "cli_run"
+    command = [sys.executable, "-m", "ragen2", "train", "agent", f"agent.entrypoint={AGENT}:play",
+               f"model.path={tool_policy}", "model.device=cpu", "rollout.num_groups=2", "rollout.group_size=2",
+               "trainer.total_steps=1", "trainer.eval_every=0", f"trainer.run_dir={run_dir}", "collapse.num_samples=4"]
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "agent:lookup_agent:play" in done.stderr and "HTTP Request" not in done.stderr
+    assert (run_dir / "checkpoints" / "step_1").is_dir()
+    refused = subprocess.run([sys.executable, "-m", "ragen2", "train", "agent"], capture_output=True, text=True)
+    assert refused.returncode == 2 and "agent.entrypoint=FILE.py:FUNCTION" in refused.stderr

@@ -61,6 +61,8 @@ def test_episode_calls_are_recorded_and_batched(served):
     episodes = {f"e{i}": Episode(seed=i, group_id=0, sample_seed=100 + i, max_calls=1) for i in range(4)}
     service.episodes.update(episodes)
     service.limits.forced = Sampling(48, 1.0)
+    # The batch goes when all four wait (the training loop passes the live episodes the same way).
+    service.batcher.expected, service.batcher.wait_s = (lambda: len(episodes)), 30.0
     replies = {}
 
     def run(key: str) -> None:
@@ -73,7 +75,7 @@ def test_episode_calls_are_recorded_and_batched(served):
         t.start()
     for t in threads:
         t.join()
-    assert max(service.batcher.batch_sizes) > 1  # concurrent requests shared a generate call
+    assert service.batcher.batch_sizes == [4]  # the concurrent requests shared one generate call
     for key, episode in episodes.items():
         (call,) = episode.calls
         assert call.completion_ids == replies[key].choices[0].model_extra["token_ids"]
