@@ -280,8 +280,7 @@ def rollout_phase(run: Run, step: int) -> tuple[list[Trajectory], dict[str, floa
     stats = RolloutStats()
     with _finite_sampling(run, step, "training rollouts"):
         if cfg.agent.entrypoint:
-            sampling = Sampling(cfg.rollout.max_tokens_per_turn, cfg.rollout.temperature, cfg.rollout.top_p,
-                                cfg.rollout.top_k)
+            sampling = agent_sampling(cfg, cfg.rollout.temperature)
             trajectories = agent_of(run).play(seeds[mine], group_ids[mine], sample_seeds[mine], sampling, stats)
         else:
             trajectories = rollout(
@@ -326,6 +325,13 @@ def agent_of(run: Run) -> AgentRunner:
 
     run.agent = run.agent or AgentRunner(backend_of(run), run.tokenizer, run.config.rollout, run.config.agent)
     return run.agent
+
+
+def agent_sampling(config: Config, temperature: float) -> Sampling:
+    """How an agent loop's calls sample: the run's settings at `temperature`, whatever the request asks, so the
+    recorded log-probs are of the distribution the update assumes."""
+    r = config.rollout
+    return Sampling(r.max_tokens_per_turn, temperature, r.top_p, r.top_k)
 
 
 def make_backend(run: Run) -> GenerationBackend:
@@ -659,10 +665,9 @@ def _evaluate(run: Run, step: int) -> dict[str, float]:
     rollout_cfg = dataclasses.replace(cfg.rollout, temperature=cfg.trainer.eval_temperature)
     with _finite_sampling(run, step, "evaluation episodes"):
         if cfg.agent.entrypoint:
-            sampling = Sampling(cfg.rollout.max_tokens_per_turn, cfg.trainer.eval_temperature, cfg.rollout.top_p,
-                                cfg.rollout.top_k)
             metrics, trajectories = evaluate_agent(
-                agent_of(run), cfg.trainer.eval_episodes, sampling, derived_seed(cfg.trainer.seed, step, "evaluate")
+                agent_of(run), cfg.trainer.eval_episodes, agent_sampling(cfg, cfg.trainer.eval_temperature),
+                derived_seed(cfg.trainer.seed, step, "evaluate"),
             )
         else:
             metrics, trajectories = evaluate(
