@@ -60,7 +60,7 @@ def tool_policy(tool_tokenizer, tmp_path_factory) -> Path:
     mask = (torch.arange(width)[None] < torch.tensor([len(r) for r, _ in rows])[:, None]).long()
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     model.train()
-    for _ in range(150):
+    for _ in range(80):
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         optimizer.zero_grad()
         loss.backward()
