@@ -235,6 +235,19 @@ class AlgoConfig:
     task_advantage_scale: float = _f(
         1.0, "Multiplies the task advantage; 0 gives regulariser-only updates (mechanism study)."
     )
+    rollout_is: Literal["token", "sequence"] | None = _f(
+        None, "Off-policy correction: truncated importance weights pi_old / pi_rollout on the policy loss, per token "
+        "or per sequence (the product over its tokens), against the behaviour log-probs recorded at sampling; null "
+        "= off. verl 0.6.1: algorithm.rollout_correction.rollout_is (docs/algorithms.md).",
+    )
+    rollout_is_threshold: float = _f(2.0, "Upper truncation of the importance weights. verl: 2.0.")
+    rollout_rs: Literal["token", "sequence", "geometric"] | None = _f(
+        None, "Off-policy rejection: drop tokens, or whole sequences by the product or geometric mean of their "
+        "ratios, whose ratio lies outside [algo.rollout_rs_threshold_lower, algo.rollout_rs_threshold]; null = off. "
+        "verl 0.6.1: algorithm.rollout_correction.rollout_rs.",
+    )
+    rollout_rs_threshold: float | None = _f(None, "Upper bound of the kept ratios (needed with algo.rollout_rs).")
+    rollout_rs_threshold_lower: float | None = _f(None, "Lower bound of the kept ratios; null = 1 / upper.")
 
     def __post_init__(self) -> None:
         """Checked here (not only in `validate`) because library users build this directly."""
@@ -243,6 +256,12 @@ class AlgoConfig:
                 f"algo.clip_ratio_c={self.clip_ratio_c} is not allowed: use a number > 1 "
                 "(RAGEN/verl use 3.0), or null to turn the dual clip off"
             )
+        if self.rollout_is_threshold <= 0:
+            raise ConfigError(f"algo.rollout_is_threshold={self.rollout_is_threshold} is not allowed: use a number "
+                              "> 0 (verl: 2.0)")
+        if self.rollout_rs is not None and (self.rollout_rs_threshold is None or self.rollout_rs_threshold <= 0):
+            raise ConfigError(f"algo.rollout_rs={self.rollout_rs} needs algo.rollout_rs_threshold > 0 (got "
+                              f"{self.rollout_rs_threshold}): the upper bound of the kept ratios, e.g. 2.0")
 
 
 @dataclass

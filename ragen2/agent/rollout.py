@@ -19,7 +19,7 @@ from ragen2.agent.backends import GenerationBackend, reuse_prefixes
 from ragen2.agent.conversation import Conversation, reasoning_span
 from ragen2.agent.parsing import ResponseFormat, parse_response
 from ragen2.agent.tool_calls import parse_tool_turn
-from ragen2.agent.types import Trajectory, Turn
+from ragen2.agent.types import GenerationOutput, Trajectory, Turn
 from ragen2.config import RolloutConfig
 from ragen2.envs.base import TextEnv
 from ragen2.errors import ConfigError
@@ -117,7 +117,7 @@ def rollout(
             stats.generate_calls += 1
             for e, prompt, out in zip(active_episodes, prompts, outputs):
                 e.conv.add_response(out.token_ids, out.text)
-                _play_turn(e, prompt, out.token_ids, out.text, tokenizer, cfg, stats)
+                _play_turn(e, prompt, out, tokenizer, cfg, stats)
                 if not e.done and turn == cfg.max_turns - 1:
                     e.done = e.traj.truncated = True
     for e in episodes:
@@ -169,10 +169,11 @@ def conversation(
 
 
 def _play_turn(
-    e: _Episode, prompt: list[int], response_ids: list[int], response_text: str,
-    tokenizer: PreTrainedTokenizerBase, cfg: RolloutConfig, stats: RolloutStats,
+    e: _Episode, prompt: list[int], out: GenerationOutput, tokenizer: PreTrainedTokenizerBase, cfg: RolloutConfig,
+    stats: RolloutStats,
 ) -> None:
     """Apply one response's actions (its tool calls, with `rollout.tool_calls`) to the env and record the turn."""
+    response_ids, response_text = out.token_ids, out.text
     fmt = e.conv.fmt
     if e.conv.tools:
         parsed = parse_tool_turn(response_text, fmt, cfg.max_actions_per_turn, e.env.tool_action)
@@ -217,6 +218,7 @@ def _play_turn(
             reward=reward,
             observation=shown,
             dropped_turns=e.conv.dropped_turns,
+            logprobs=None if out.logprobs is None else list(out.logprobs),
         )
     )
     stats.turns += 1

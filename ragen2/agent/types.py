@@ -30,6 +30,9 @@ class Turn:
     reward: float  # env rewards of this turn's actions plus any format penalty
     observation: str  # the state text shown in this turn's prompt
     dropped_turns: int = 0  # earlier turns rollout.max_model_len left out of prompt_ids
+    # Behaviour log-probs of response_ids under the sampling distribution, when the backend gives them: what
+    # off-policy correction compares the trained policy with (ragen2.rl.losses.rollout_correction).
+    logprobs: list[float] | None = None
 
 
 @dataclass
@@ -50,3 +53,6 @@ class Trajectory:
     error: str | None = None  # set when the env raised; the episode ended there
     # filter.level=anchor: which turns the update trains on (set on the filter's copies); None trains every turn
     trained_turns: list[bool] | None = None
+    # Updates the policy had taken when it sampled this episode (the run's step count then): with
+    # asynchronous training the update at step s trains on it with staleness s - 1 - policy_version.
+    policy_version: int = 0

@@ -43,6 +43,10 @@ class Batch:
     ref_logp:       log-probs under the frozen reference (KL penalty only)
     old_values:     the critic's values at rollout time (PPO only)
     value_targets:  the critic's regression targets, the GAE returns (PPO only)
+    is_weights:     off-policy importance weights (algo.rollout_is; ragen2.rl.losses.rollout_correction)
+
+    rollout_logp:   float [B, T - 1], filled by `build_batch` when every turn recorded them: the
+                    behaviour log-probs of the generated tokens at sampling time (0 elsewhere)
     """
 
     input_ids: Tensor
@@ -57,6 +61,8 @@ class Batch:
     ref_logp: Tensor | None = None
     old_values: Tensor | None = None
     value_targets: Tensor | None = None
+    is_weights: Tensor | None = None
+    rollout_logp: Tensor | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -113,7 +119,31 @@ def build_batch(trajectories: list[Trajectory], pad_id: int) -> Batch:
         returns=torch.tensor([traj.episode_return for *_, traj in rows], dtype=torch.float32),
         group_ids=torch.tensor([traj.group_id for *_, traj in rows], dtype=torch.long),
         traj_index=torch.tensor([i for _, _, i, _ in rows], dtype=torch.long),
+        rollout_logp=_rollout_logprobs(trajectories, loss_mask[:, 1:]),
     )
+
+
+def _rollout_logprobs(trajectories: list[Trajectory], mask: Tensor) -> Tensor | None:
+    """[B, T-1] behaviour log-probs on the mask's tokens, or None when a turn did not record them.
+
+    A trajectory's trained tokens, read row by row and left to right over its samples, are its turns'
+    responses in order (one sample per episode, or one per turn), so its turns' log-probs fill them in turn.
+    """
+    with_samples = [traj for traj in trajectories if traj.samples]
+    if not all(traj.turns and all(turn.logprobs is not None for turn in traj.turns) for traj in with_samples):
+        return None
+    out = torch.zeros_like(mask)
+    row = 0
+    for traj in trajectories:
+        values = torch.tensor([lp for turn in traj.turns for lp in turn.logprobs], dtype=torch.float32)
+        rows = slice(row, row + len(traj.samples))
+        positions = mask[rows].bool()
+        if int(positions.sum()) != len(values):
+            raise ValueError(f"trajectory {traj.seed}/{traj.group_id}: {len(values)} recorded log-probs for "
+                             f"{int(positions.sum())} trained tokens")
+        out[rows][positions] = values
+        row = rows.stop
+    return out
 
 
 def response_logits(model: torch.nn.Module, batch: Batch) -> tuple[Tensor, int]:

@@ -37,6 +37,7 @@ __all__ = [
     "masked_mean",
     "masked_whiten",
     "policy_loss",
+    "rollout_correction",
     "token_logprobs",
     "token_logprobs_and_entropy",
     "value_loss",
@@ -44,6 +45,8 @@ __all__ = [
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 KL_ESTIMATORS = ("k1", "k2", "k3", "low_var_kl")
+ROLLOUT_IS_LEVELS = ("token", "sequence")
+ROLLOUT_RS_LEVELS = ("token", "sequence", "geometric")
 
 # verl clamps log-ratios to +-20 before exp so that one wild token cannot overflow the loss.
 _MAX_LOG_RATIO = 20.0
@@ -157,6 +160,7 @@ def policy_loss(
     norm_tokens: float | None = None,
     batch_tokens: float | Tensor | None = None,
     batch_seqs: float | Tensor | None = None,
+    weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO clipped surrogate with asymmetric clipping ("clip-higher").
 
@@ -173,7 +177,8 @@ def policy_loss(
     token is also capped at -c A_t, so a huge ratio on a bad token cannot blow
     up the update (verl's ``clip_ratio_c``, 3.0 there). Defaults 0.2 / 0.28
     are the RAGEN reference. Aggregation: see ``aggregate`` (``agg`` and the
-    keyword-only counts are passed through).
+    keyword-only counts are passed through). ``weights`` [B, T] (``rollout_correction``'s importance
+    weights) multiply the per-token loss after clipping, as verl applies them.
 
     stats (detached 0-d tensors, means over valid tokens): ``clipfrac`` (tokens
     whose gradient the clip removed), ``clipfrac_high`` (A > 0, r > 1 +
@@ -200,6 +205,8 @@ def policy_loss(
         cap = -advantages * dual_clip
         dual_clipped = (advantages < 0) & (per_token > cap)
         per_token = torch.where(dual_clipped, cap, per_token)
+    if weights is not None:
+        per_token = per_token * weights
     loss = aggregate(
         per_token, mask, agg, norm_tokens, batch_tokens=batch_tokens, batch_seqs=batch_seqs
     )
@@ -214,6 +221,64 @@ def policy_loss(
             "ratio_mean": masked_mean(ratio, mask),
         }
     return loss, {name: value.detach() for name, value in stats.items()}
+
+
+def rollout_correction(
+    logp: Tensor,
+    rollout_logp: Tensor,
+    mask: Tensor,
+    rollout_is: str | None = None,
+    rollout_is_threshold: float = 2.0,
+    rollout_rs: str | None = None,
+    rollout_rs_threshold: float | None = None,
+    rollout_rs_threshold_lower: float | None = None,
+) -> tuple[Tensor | None, Tensor]:
+    """Off-policy correction for samples drawn by another policy than the one being trained (verl 0.6.1,
+    ``verl/trainer/ppo/rollout_corr_helper.py``; Yao et al., "Your efficient RL framework secretly brings you
+    off-policy RL training"). logp, rollout_logp, mask: [B, T] -> (weights [B, T] or None, mask [B, T]).
+
+    ``logp`` is the trained policy's log-probs before the update (the PPO ratio's denominator),
+    ``rollout_logp`` the behaviour policy's, recorded at sampling time (a stale policy under asynchronous
+    training, or another engine's numerics). With r = exp(logp - rollout_logp), the log-ratio clamped to
+    +-20 before exp:
+
+    - ``rollout_is`` (truncated importance sampling, TIS): ``"token"`` weights each token by r_t,
+      ``"sequence"`` every token of a row by prod_t r_t; both truncated at ``rollout_is_threshold`` and
+      0 off the mask. Detached: they multiply the per-token policy loss, they are not optimised.
+    - ``rollout_rs`` (rejection, MIS): tokens (``"token"``), whole rows by prod_t r_t (``"sequence"``)
+      or by the geometric mean exp(mean_t log r_t) (``"geometric"``) whose ratio lies outside
+      [``rollout_rs_threshold_lower``, ``rollout_rs_threshold``] are dropped from the returned mask;
+      the lower bound defaults to 1 / upper.
+
+    With both off it returns (None, mask).
+    """
+    _check_same_shape(logp=logp, rollout_logp=rollout_logp, mask=mask)
+    log_ratio = (logp - rollout_logp).detach()
+    weights = None
+    if rollout_is is not None:
+        _check_choice(rollout_is, ROLLOUT_IS_LEVELS, "algo.rollout_is")
+        if rollout_is_threshold <= 0:
+            raise ConfigError(f"algo.rollout_is_threshold={rollout_is_threshold} must be > 0 (verl's default: 2.0).")
+        weights = (_level_ratio(log_ratio, mask, rollout_is) * mask).clamp(max=rollout_is_threshold)
+    if rollout_rs is not None:
+        _check_choice(rollout_rs, ROLLOUT_RS_LEVELS, "algo.rollout_rs")
+        if rollout_rs_threshold is None:
+            raise ConfigError("algo.rollout_rs is set but algo.rollout_rs_threshold is null: give the upper bound "
+                              "of the kept ratios (e.g. 2.0; the lower one defaults to its inverse).")
+        lower = 1.0 / rollout_rs_threshold if rollout_rs_threshold_lower is None else rollout_rs_threshold_lower
+        ratio = _level_ratio(log_ratio, mask, rollout_rs)
+        mask = mask * ((ratio >= lower) & (ratio <= rollout_rs_threshold)).to(mask.dtype)
+    return weights, mask
+
+
+def _level_ratio(log_ratio: Tensor, mask: Tensor, level: str) -> Tensor:
+    """[B, T] ratios at `level`: per token, or one per row (product, or geometric mean) broadcast over it."""
+    if level == "token":
+        per = log_ratio
+    else:
+        total = (torch.where(mask.bool(), log_ratio, 0.0) * mask).sum(dim=-1, keepdim=True)  # [B, 1]
+        per = total if level == "sequence" else total / mask.sum(dim=-1, keepdim=True).clamp_min(1)
+    return torch.exp(per.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)).expand_as(log_ratio)
 
 
 def value_loss(

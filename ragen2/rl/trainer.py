@@ -64,7 +64,7 @@ from ragen2.collapse.grad_snr import grad_snr_probe, group_reward_variance
 from ragen2.collapse.turn_signal import turn_signal_metrics
 from ragen2.config import Config, validate
 from ragen2.envs import EVAL_SEED_OFFSET
-from ragen2.errors import DivergedError
+from ragen2.errors import ConfigError, DivergedError
 from ragen2.evaluate import evaluate, evaluate_agent, write_rollout_records
 from ragen2.filtering import group_stats, loss_scale, select_anchor_turns, select_groups, select_trajectories
 from ragen2.models.loading import resolve_device
@@ -96,6 +96,7 @@ from ragen2.rl.losses import (
     entropy_from_logits,
     kl_penalty,
     policy_loss,
+    rollout_correction,
     token_logprobs,
     token_logprobs_and_entropy,
     value_loss,
@@ -537,10 +538,12 @@ def update_phase(run: Run, batch: Batch, step: int, scale: float) -> dict[str, f
         # The policy before this update, the denominator of the PPO ratio. With one epoch of one
         # mini-batch nothing has changed when the loss is computed, so `policy_step` uses its
         # own log-probs, detached, and this forward pass is saved.
-        if batch.old_logp is None and (a.ppo_epochs > 1 or len(batch) > a.mini_batch_size):
+        correcting = a.rollout_is is not None or a.rollout_rs is not None
+        if batch.old_logp is None and (correcting or a.ppo_epochs > 1 or len(batch) > a.mini_batch_size):
             batch.old_logp = _in_micro_batches(lambda mb: _logprobs(run.policy, mb), batch, a.micro_batch_size)
         if a.kl_coef > 0 and batch.ref_logp is None:  # algo.kl_in_reward computed it already
             batch.ref_logp = _in_micro_batches(lambda mb: _logprobs(run.reference, mb), batch, a.micro_batch_size)
+        correction = off_policy_correction(run, batch) if correcting else {}
     factor = lr_factor(step, cfg.optim.warmup_steps, cfg.optim.schedule, cfg.trainer.total_steps)
     _set_lr(run.optimizer, cfg.optim.lr * factor)
     if run.critic_optimizer is not None:
@@ -564,8 +567,37 @@ def update_phase(run: Run, batch: Batch, step: int, scale: float) -> dict[str, f
         )
     if run.trainee is not None:
         fsdp.sync_replica(run.trainee, run.policy)
-    metrics = {f"train/{key}": _finite_mean(values) for key, values in history.items()}
+    metrics = {f"train/{key}": _finite_mean(values) for key, values in history.items()} | correction
     return metrics | {"train/lr": cfg.optim.lr * factor, "train/skipped_nonfinite": float(skipped)}
+
+
+def off_policy_correction(run: Run, batch: Batch) -> dict[str, float]:
+    """`algo.rollout_is` / `algo.rollout_rs`: importance weights and rejection of the batch, from the policy
+    before this update against the behaviour log-probs recorded at sampling (verl's order: once per step,
+    before the mini-batches). Sets `batch.is_weights` and narrows `batch.mask`; returns `rollout_corr/...`."""
+    a = run.config.algo
+    if batch.rollout_logp is None:
+        raise ConfigError("algo.rollout_is / algo.rollout_rs need the behaviour log-probs of every sampled token, "
+                          "and this rollout did not record them (a backend or agent loop without log-probs): set "
+                          "both to null")
+    weights, mask = rollout_correction(
+        batch.old_logp, batch.rollout_logp, batch.mask, a.rollout_is, a.rollout_is_threshold, a.rollout_rs,
+        a.rollout_rs_threshold, a.rollout_rs_threshold_lower,
+    )
+    valid = batch.mask.bool()
+    tokens = valid.sum().clamp_min(1)
+    metrics = {
+        "rollout_corr/kl": float((batch.rollout_logp - batch.old_logp)[valid].sum() / tokens),
+        "rollout_corr/rejected_frac": float((batch.mask - mask).sum() / tokens),
+    }
+    if weights is not None:
+        metrics |= {
+            "rollout_corr/is_weight_mean": float(weights[valid].sum() / tokens),
+            "rollout_corr/is_weight_max": float(weights[valid].max()) if valid.any() else 0.0,
+            "rollout_corr/is_truncated_frac": float((weights[valid] >= a.rollout_is_threshold).sum() / tokens),
+        }
+    batch.mask, batch.is_weights = mask, weights
+    return metrics
 
 
 def policy_step(run: Run, mini: Batch, scale: float) -> dict[str, float]:
@@ -597,7 +629,7 @@ def policy_step(run: Run, mini: Batch, scale: float) -> dict[str, float]:
         old_logp = logp.detach() if mb.old_logp is None else mb.old_logp
         pg_loss, pg_stats = policy_loss(
             logp, old_logp, mb.advantages, mb.mask, a.clip_low, a.clip_high, agg, a.clip_ratio_c,
-            norm_tokens=norm, **counts,
+            norm_tokens=norm, weights=mb.is_weights, **counts,
         )
         loss = pg_loss
         if a.entropy_coef:  # without a bonus the entropy is only logged, and backward skips its gradient

@@ -303,11 +303,13 @@ def test_every_emitted_metric_is_documented(policy_dir, tmp_path):
     """Each key a PPO run with KL writes has a row in docs/metrics.md (STYLE 7)."""
     run_dir = tmp_path / "run"
     config = tiny_config(policy_dir, run_dir, "algo.name=ppo", "algo.kl_coef=0.01", "trainer.total_steps=1",
-                         "trainer.eval_every=1", "filter.include_zero=true", "filter.strategy=none", "collapse.per_turn=2")
+                         "trainer.eval_every=1", "filter.include_zero=true", "filter.strategy=none",
+                         "collapse.per_turn=2", "algo.rollout_is=token", "algo.rollout_rs=token",
+                         "algo.rollout_rs_threshold=2.0")
     trainer.train(config)
     documented = set(re.findall(r"^\| `([^`]+)` \|", METRICS_DOC.read_text(), flags=re.MULTILINE))
     emitted = {key for record in read_metrics(run_dir) for key in record} - {"step"}
-    assert {"train/value_loss", "train/kl", "eval/success_rate", "turns/reward_var_1"} <= emitted
+    assert {"train/value_loss", "train/kl", "eval/success_rate", "turns/reward_var_1", "rollout_corr/kl"} <= emitted
     # turns/reward_var_1 and collapse_turn_2/... are documented as turns/reward_var_K and collapse_turn_K/...
     per_turn = {re.sub(r"_(\d+\+?)$", "_K", re.sub(r"^collapse_turn_\d+/", "collapse_turn_K/", key)) for key in emitted}
     assert per_turn - documented == set()
@@ -428,3 +430,61 @@ def test_on_policy_step_without_old_logprobs_matches_one_with_them(policy_dir, t
         weights.append(_parameters(run.policy))
         run.tracker.close()
     assert all(torch.allclose(weights[0][n], weights[1][n], atol=1e-6) for n in weights[0])
+
+
+# ----------------------------------------------------------------------------- off-policy correction
+
+
+def test_rollouts_record_the_behaviour_logprobs_of_every_trained_token(policy_dir, tmp_path):
+    """At temperature 1 and top-p 1 the recorded log-probs are the policy's own, token for token."""
+    run = trainer.setup(tiny_config(policy_dir, tmp_path / "run", "rollout.max_turns=2"))
+    trajectories, _ = trainer.rollout_phase(run, 1)
+    batch = build_batch(trajectories, run.tokenizer.pad_token_id)
+    assert batch.rollout_logp is not None and batch.mask.sum() > 0
+    with torch.no_grad():
+        logp = trainer._in_micro_batches(lambda mb: trainer._logprobs(run.policy, mb), batch, 2)
+    torch.testing.assert_close(batch.rollout_logp * batch.mask, logp * batch.mask, atol=1e-4, rtol=0)
+    assert torch.all(batch.rollout_logp[batch.mask == 0] == 0)
+    run.tracker.close()
+
+
+def _corrected_update(policy_dir: Path, run_dir: Path, shift: float, *overrides: str):
+    """One update whose batch's behaviour log-probs are the policy's own plus `shift` on every other row."""
+    run = trainer.setup(tiny_config(policy_dir, run_dir, "algo.mini_batch_size=64", *overrides))
+    batch = trainer.advantage_phase(run, _with_varied_returns(run))
+    with torch.no_grad():
+        own = trainer._in_micro_batches(lambda mb: trainer._logprobs(run.policy, mb), batch, 2)
+    rows = torch.arange(len(batch)) % 2 == 1
+    batch.rollout_logp = (own + shift * rows[:, None]) * batch.mask
+    mask = batch.mask.clone()
+    metrics = trainer.update_phase(run, batch, step=1, scale=1.0)
+    run.tracker.close()
+    return _parameters(run.policy), metrics, mask, rows
+
+
+def test_on_policy_correction_changes_nothing_and_stale_rows_are_weighted_or_rejected(policy_dir, tmp_path):
+    plain, _, _, _ = _corrected_update(policy_dir, tmp_path / "plain", 0.0)
+    same, metrics, _, _ = _corrected_update(policy_dir, tmp_path / "same", 0.0, "algo.rollout_is=token")
+    assert all(torch.allclose(plain[n], same[n], atol=1e-6) for n in plain)  # weights of 1
+    assert metrics["rollout_corr/is_weight_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert metrics["rollout_corr/is_truncated_frac"] == 0.0
+
+    # Behaviour log-probs 1 nat above the policy's on odd rows: their weights are e^-1, the others 1.
+    weighted, metrics, mask, rows = _corrected_update(policy_dir, tmp_path / "w", 1.0, "algo.rollout_is=token")
+    odd = float(mask[rows].sum() / mask.sum())
+    assert metrics["rollout_corr/is_weight_mean"] == pytest.approx(1 - odd + odd * math.exp(-1), abs=1e-4)
+    assert metrics["rollout_corr/kl"] == pytest.approx(odd, abs=1e-4)
+    assert not all(torch.allclose(plain[n], weighted[n], atol=1e-6) for n in plain)
+
+    # Rejection at [1/2, 2] drops exactly the odd rows' tokens (ratio e^-1 < 1/2).
+    _, metrics, _, _ = _corrected_update(policy_dir, tmp_path / "r", 1.0, "algo.rollout_rs=token",
+                                         "algo.rollout_rs_threshold=2.0")
+    assert metrics["rollout_corr/rejected_frac"] == pytest.approx(odd, abs=1e-6)
+    assert "rollout_corr/is_weight_mean" not in metrics
+
+
+def test_correction_keys_are_checked(policy_dir, tmp_path):
+    with pytest.raises(ConfigError, match="algo.rollout_rs=geometric needs algo.rollout_rs_threshold"):
+        tiny_config(policy_dir, tmp_path / "run", "algo.rollout_rs=geometric")
+    with pytest.raises(ConfigError, match="algo.rollout_is"):
+        tiny_config(policy_dir, tmp_path / "run", "algo.rollout_is=seq")
