@@ -520,6 +520,34 @@ class AgentConfig:
 
 
 @dataclass
+class AsyncConfig:
+    """Asynchronous training (docs/scaling.md): rollouts on their own ranks while the trainer updates."""
+
+    enable: bool = _f(
+        False, "Train asynchronously: rollout workers keep producing groups while the trainer updates, with at "
+        "most async.max_staleness updates between a sample's generation and its training.",
+    )
+    max_staleness: int = _f(
+        1, "Largest number of updates between a sample's generation and its training; 0 is the synchronous run "
+        "exactly (same samples, same metrics).",
+    )
+    oversample: float = _f(
+        1.0, "Candidate groups the filter ranks per step, as a multiple of rollout.num_groups (admission control "
+        "over the buffer of finished groups).",
+    )
+    rollout_ranks: list[int] = _f(
+        [], "Under torchrun or accelerate, the ranks that generate; the others train. [] on one process: the run "
+        "starts its own rollout worker.",
+    )
+
+    def __post_init__(self) -> None:
+        if self.max_staleness < 0:
+            raise ConfigError(f"async.max_staleness={self.max_staleness} is not allowed: use 0 (synchronous) or more")
+        if self.oversample < 1:
+            raise ConfigError(f"async.oversample={self.oversample} is not allowed: use a number >= 1")
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
@@ -533,6 +561,13 @@ class Config:
     early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
+    # `async` is a Python keyword: the section is `async` in YAML and on the command line, `async_` in code.
+    async_: AsyncConfig = field(default_factory=AsyncConfig, metadata={"key": "async"})
+
+
+def _key(f: dataclasses.Field) -> str:
+    """A field's config key: its name, unless its metadata names another (`async` for `async_`)."""
+    return f.metadata.get("key", f.name)
 
 
 # ----------------------------------------------------------------------------- building
@@ -603,8 +638,9 @@ REMOVED_KEYS = {
 
 
 def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
-    hints = _hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
+    attrs = {_key(f): f.name for f in dataclasses.fields(cls)}
+    hints = {key: _hints(cls)[name] for key, name in attrs.items()}
+    names = list(attrs)
     kwargs = {}
     for key, value in data.items():
         path = f"{prefix}{key}"
@@ -620,9 +656,9 @@ def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
         if dataclasses.is_dataclass(tp):
             if not isinstance(value, dict):
                 raise ConfigError(f"{path} is a section; set its keys, e.g. {path}.{dataclasses.fields(tp)[0].name}=...")
-            kwargs[key] = _build(tp, value, f"{path}.")
+            kwargs[attrs[key]] = _build(tp, value, f"{path}.")
         else:
-            kwargs[key] = _check_value(path, value, tp)
+            kwargs[attrs[key]] = _check_value(path, value, tp)
     return cls(**kwargs)
 
 
@@ -632,7 +668,7 @@ def all_keys(cls: type = Config, prefix: str = "") -> list[str]:
     for f in dataclasses.fields(cls):
         tp = _hints(cls)[f.name]
         if dataclasses.is_dataclass(tp):
-            keys += all_keys(tp, f"{prefix}{f.name}.")
+            keys += all_keys(tp, f"{prefix}{_key(f)}.")
         else:
             keys.append(f"{prefix}{f.name}")
     return keys
@@ -646,7 +682,7 @@ def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str]]
         tp = _hints(cls)[f.name]
         value = getattr(default, f.name)
         if dataclasses.is_dataclass(tp):
-            rows += describe(tp, f"{prefix}{f.name}.")
+            rows += describe(tp, f"{prefix}{_key(f)}.")
         else:
             shown = yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
             rows.append((f"{prefix}{f.name}", shown, f.metadata.get("help", "")))
@@ -810,6 +846,7 @@ def validate(config: Config) -> None:
         _validate_agent(config)
     else:
         _validate_env(config)
+    _validate_async(config.async_)
     r, a = config.rollout, config.algo
     for key, value in [
         ("algo.ppo_epochs", a.ppo_epochs),
@@ -927,6 +964,18 @@ def validate(config: Config) -> None:
         raise ConfigError("algo.clip_low and algo.clip_high must be >= 0")
 
 
+def _validate_async(c: AsyncConfig) -> None:
+    """What runs of asynchronous training today: its synchronous limit (docs/scaling.md, "in progress")."""
+    if not c.enable:
+        return
+    if c.max_staleness > 0:
+        raise ConfigError(f"async.max_staleness={c.max_staleness} is not supported yet: the rollout workers are "
+                          "in progress (docs/scaling.md); async.max_staleness=0 runs, as the synchronous schedule")
+    if c.oversample != 1 or c.rollout_ranks:
+        raise ConfigError(f"async.oversample={c.oversample} and async.rollout_ranks={c.rollout_ranks} are not "
+                          "supported yet (docs/scaling.md): leave them at 1 and []")
+
+
 def _validate_env(config: Config) -> None:
     """env.name is registered and env.kwargs fit its constructor."""
     from ragen2 import envs
@@ -965,7 +1014,7 @@ def _validate_agent(config: Config) -> None:
 
 
 def to_dict(config: Config) -> dict[str, Any]:
-    return dataclasses.asdict(config)
+    return {_key(f): dataclasses.asdict(getattr(config, f.name)) for f in dataclasses.fields(config)}
 
 
 def save_config(config: Config, path: Path) -> None:

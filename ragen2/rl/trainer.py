@@ -216,6 +216,8 @@ def training_step(run: Run, step: int, interrupts: _Interrupts) -> dict[str, flo
     with timer("filter"):
         kept, filter_metrics = filter_phase(run, trajectories)
     metrics |= filter_metrics
+    if run.config.async_.enable:
+        metrics |= staleness_metrics(kept, step)
     if run.config.grad_snr.enable and step > 1 and step % run.config.grad_snr.freq == 0:  # step 1: policy = reference
         with timer("grad_snr"):
             metrics |= grad_snr_phase(run, trajectories)
@@ -288,6 +290,8 @@ def rollout_phase(run: Run, step: int) -> tuple[list[Trajectory], dict[str, floa
                 backend_of(run), run.tokenizer, cfg.env.name, cfg.env.kwargs, seeds[mine], group_ids[mine],
                 cfg=cfg.rollout, stats=stats, sample_seeds=sample_seeds[mine],
             )
+    for t in trajectories:
+        t.policy_version = step - 1  # the updates of steps 1 .. step-1 made the weights that sampled it
     trajectories = distributed.gather_objects(trajectories)  # all P x G, in group order, on every rank
     returns = np.array([t.episode_return for t in trajectories])
     metrics = summarize(trajectories) | turn_signal_metrics(trajectories, cfg.algo.gamma) | {
@@ -392,6 +396,15 @@ def filter_phase(run: Run, trajectories: list[Trajectory]) -> tuple[list[Traject
         "filter/skipped": float(not kept),
     }
     return kept_trajectories, metrics
+
+
+def staleness_metrics(kept: list[Trajectory], step: int) -> dict[str, float]:
+    """`async/`: how many updates old the policy that sampled each kept episode is when step `step` trains on
+    it (0 in the synchronous schedule): mean, max and the share at each staleness up to 4."""
+    lag = np.array([step - 1 - t.policy_version for t in kept]) if kept else np.zeros(1)
+    return {"async/staleness_mean": float(lag.mean()), "async/staleness_max": float(lag.max())} | {
+        f"async/staleness_frac_{k}": float((lag == k).mean()) for k in range(5)
+    }
 
 
 def anchor_filter(run: Run, trajectories: list[Trajectory]) -> tuple[list[Trajectory], float]:
