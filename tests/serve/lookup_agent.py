@@ -48,8 +48,8 @@ def _after(messages: list[dict], message) -> float | None:
     return None
 
 
-def play(client, seed: int) -> float:
-    messages = first_messages(seed)
+def _converse(client, seed: int, messages: list[dict]) -> float | None:
+    """Up to three calls until the agent answers; its reward, or None when it never did."""
     for _ in range(3):
         reply = client.chat.completions.create(model="policy", messages=messages, tools=TOOLS, max_tokens=48,
                                                extra_body={"return_token_ids": True})
@@ -57,21 +57,18 @@ def play(client, seed: int) -> float:
         reward = _after(messages, reply.choices[0].message)
         if reward is not None:
             return reward
-    return 0.0
+    return None
+
+
+def play(client, seed: int) -> float:
+    return _converse(client, seed, first_messages(seed)) or 0.0
 
 
 def play_follow_up(client, seed: int) -> float:
     """`play`, then one more question after the answer: with a template that drops earlier `<think>` blocks,
     the last call's prompt no longer holds the answer as it was sampled."""
     messages = first_messages(seed)
-    reward = None
-    for _ in range(3):
-        reply = client.chat.completions.create(model="policy", messages=messages, tools=TOOLS, max_tokens=48,
-                                               extra_body={"return_token_ids": True})
-        _log(seed, reply)
-        reward = _after(messages, reply.choices[0].message)
-        if reward is not None:
-            break
+    reward = _converse(client, seed, messages)
     messages.append({"role": "user", "content": "Question 1: what is the value of a?"})
     reply = client.chat.completions.create(model="policy", messages=messages, tools=TOOLS, max_tokens=48,
                                            extra_body={"return_token_ids": True})
