@@ -50,3 +50,4 @@ class Trajectory:
     error: str | None = None  # set when the env raised; the episode ended there
     # filter.level=anchor: which turns the update trains on (set on the filter's copies); None trains every turn
     trained_turns: list[bool] | None = None
+    tag: str = ""  # the mixture entry it was played for (ragen2.mixture); the env name outside a mixture

@@ -23,6 +23,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ragen2.agent import GenerationBackend
 from ragen2.collapse.online import OnlineDiagnostics
+from ragen2.mixture import is_mixture, label
 from ragen2.config import Config, config_from_file, save_config, to_dict
 from ragen2.errors import CheckpointError, ConfigError
 from ragen2.models.loading import (
@@ -167,7 +168,7 @@ def _build_run(config: Config, run_dir: Path, checkpoint: Checkpoint | None) -> 
         run_dir, to_dict(config), tensorboard=config.logging.tensorboard,
         wandb=config.logging.wandb, wandb_project=config.logging.wandb_project,
     ) if distributed.is_main() else distributed.SilentTracker()
-    diagnostics = OnlineDiagnostics(config.collapse, config.trainer.seed, run=config)
+    diagnostics = OnlineDiagnostics(config.collapse, config.trainer.seed, run=config, per_tag=is_mixture(config))
     run = Run(config, run_dir, device, policy, tokenizer, optimizer, tracker, diagnostics, critic, critic_optimizer,
               reference, EarlyStopGuards(config.early_stop), kl_controller(config), trainee=trainee)
     if checkpoint is not None:
@@ -201,7 +202,7 @@ def run_header(config: Config, run_dir: Path, device: torch.device) -> str:
     lora = f", LoRA rank {m.lora_rank}" if m.lora_rank > 0 else ""
     steps = (f"{_count(config.trainer.total_steps, 'step')} of {_count(r.num_groups, 'group')} x "
              f"{_count(r.group_size, 'episode')}")
-    return (f"run {run_dir}: {config.env.name}, {config.algo.name}, filter {filtering}; "
+    return (f"run {run_dir}: {label(config)}, {config.algo.name}, filter {filtering}; "
             f"model {m.path or 'tiny (built-in)'}{lora} on {device}; {steps}\n"
             f"  config: {run_dir / 'config.yaml'} (printed with -v)")
 
@@ -232,7 +233,7 @@ def _new_run_dir(config: Config) -> Path:
             )
     else:
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        env = re.sub(r"[^\w.-]", "_", config.env.name)  # textarena:Sudoku-v0 -> textarena_Sudoku-v0: a plain file name
+        env = re.sub(r"[^\w.-]", "_", label(config))  # textarena:Sudoku-v0 -> textarena_Sudoku-v0: a plain file name
         run_dir = Path("runs") / f"{env}-{config.algo.name}-{stamp}"
         n = 1
         while run_dir.exists():
