@@ -93,3 +93,13 @@ def test_pass_at_k_counts_groups_with_a_success():
 def test_tagged_metrics_rename_under_the_namespace():
     out = tagged_metrics(lambda xs: {"rollout/n": float(len(xs)), "eval/sum": float(sum(xs))}, [1, 2, 3], "aba")
     assert out == {"rollout/a/n": 2.0, "eval/a/sum": 4.0, "rollout/b/n": 1.0, "eval/b/sum": 2.0}
+
+
+def test_the_presets_train_on_their_mixtures_and_evaluate_out_of_distribution():
+    planning, tools = load_config("planning-mix"), load_config("tools-mix")
+    assert [(t.tag, t.count) for t in training_envs(planning)] == [("sokoban", 3), ("frozenlake", 3), ("bandit", 2)]
+    assert [t.tag for t in training_envs(tools)] == ["countdown", "math", "searchqa", "code", "webshop"]
+    held_out = [t.tag for t in eval_envs(planning) if t.tag not in label(planning).split("+")]
+    assert held_out == ["sokoban-8x8", "sokoban-symbols", "frozenlake-5x5", "frozenlake-slippery", "bandit-test"]
+    assert [t.kwargs for t in eval_envs(tools) if t.tag == "countdown-6"] == [
+        {"min_numbers": 5, "max_numbers": 6, "max_value": 20, "min_target": 10, "max_target": 100}]

@@ -91,3 +91,20 @@ def test_evaluating_a_mixture_of_one_equals_evaluate_and_pass_at_k_counts_its_gr
         groups = np.array([e.success for e in mine]).reshape(-1, 4)
         assert metrics[f"eval/{tag}/pass@4"] == groups.any(axis=1).mean()
         assert metrics[f"eval/{tag}/success_rate"] == groups.mean()
+
+
+def test_planning_mix_trains_and_evaluates_in_and_out_of_distribution(policy_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    trainer.train(load_config("planning-mix", [
+        f"model.path={policy_dir}", "model.device=cpu", f"trainer.run_dir={run_dir}", "rollout.group_size=2",
+        "rollout.max_tokens_per_turn=8", "rollout.max_turns=1", "trainer.total_steps=1", "trainer.eval_every=1",
+        "trainer.eval_episodes=2", "filter.include_zero=true", "collapse.num_samples=8", "logging.progress=false",
+        "logging.tensorboard=false",
+    ]))
+    last = read_metrics(run_dir)[-1]
+    trained = ("sokoban", "frozenlake", "bandit")
+    assert [last[f"rollout/{t}/turns_mean"] for t in trained] == [1.0, 1.0, 1.0]
+    assert sum(last[f"filter/{t}/kept_ratio"] * n for t, n in zip(trained, (3, 3, 2))) == last["filter/kept_groups"]
+    held_out = ("sokoban-8x8", "sokoban-symbols", "frozenlake-5x5", "frozenlake-slippery", "bandit-test")
+    assert all(last[f"eval/{t}/episodes"] == 2 and f"eval/{t}/pass@2" in last for t in trained + held_out)
+    assert run_dir.joinpath("config.yaml").read_text().count("tag: sokoban-8x8") == 1
