@@ -25,7 +25,7 @@ from ragen2.agent.backends import HFBackend
 from ragen2.agent.rollout import RolloutConfig, group_seeds, rollout, summarize
 from ragen2.agent.types import Trajectory, Turn
 from ragen2.errors import ConfigError
-from ragen2.mixture import TaggedEnv, tagged_metrics
+from ragen2.mixture import TaggedEnv, is_mixture, tagged_metrics
 from ragen2.progress import heartbeat
 from ragen2.tracking import METRICS_FILE, read_metrics
 from ragen2.verdict import LEARNED, VS_RANDOM, binomial_se, verdict
@@ -297,6 +297,9 @@ def verdict_lines(
         run = config_from_file(run_dir / "config.yaml")
     except (ConfigError, OSError) as e:
         return [*lines, f"run start → this eval: not compared, the run's config.yaml cannot be read ({e})"]
+    if is_mixture(run):  # its eval/success_rate pools several environments, each seed played in a group
+        return [*lines, "run start → this eval: not compared, the run evaluated a mixture (docs/mixtures.md); its "
+                        "metrics.jsonl has eval/<tag>/success_rate per environment"]
 
     def settings(env: EnvConfig, temperature: float, rollout_cfg: RolloutConfig) -> dict[str, object]:
         return {"env.name": env.name, "env.kwargs": env.kwargs, "temperature": temperature,

@@ -67,3 +67,20 @@ def test_eval_on_several_envs_gives_each_the_numbers_of_its_own_eval(save_random
 def test_repeated_envs_are_refused_before_the_model_loads():
     with pytest.raises(ConfigError, match="--env names bandit more than once"):
         evaluate_envs_cli("no-such-model", [TaggedEnv("bandit", {}, "bandit")] * 2, 3, 0.5, "cpu", [], None, True)
+
+
+def test_a_mixture_runs_start_is_not_compared_with_a_one_environment_eval(save_random_policy, tmp_path, monkeypatch,
+                                                                           capsys):
+    """Its eval/success_rate pools several environments, each seed played in a group: not this eval's numbers."""
+    from ragen2.config import save_config
+
+    run = tmp_path / "runs" / "mix"
+    save_random_policy(run / "checkpoints" / "step_1")
+    (run / "checkpoints" / "latest").write_text("step_1\n")
+    save_config(load_config(None, ["env.mixture=[{name: bandit, groups: 8}]"]), run / "config.yaml")
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 0, "eval/success_rate": 0.5, "eval/episodes": 64}) + "\n")
+    monkeypatch.chdir(tmp_path)
+    args = ["eval", str(run), "rollout.max_tokens_per_turn=8", "--env", "bandit", "--episodes", "2", "--device", "cpu",
+            "--no-random", "--samples", "0", "--out", "out"]
+    assert main(args) == 0
+    assert "run start → this eval: not compared, the run evaluated a mixture" in capsys.readouterr().out
