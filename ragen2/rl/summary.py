@@ -96,9 +96,12 @@ def tag_table(records: list[dict]) -> list[str]:
         ("MI-ZScore-EMA first turn", [cell(t, "collapse_first_turn/{tag}/mi_zscore_ema") for t in tags]),
     ]
     width = max(len(name) for name, _ in rows)
-    cells = max(len(c) for c in tags + [c for _, cs in rows for c in cs])
-    lines = ["", "per tag".ljust(width) + "  " + "  ".join(t.ljust(cells) for t in tags)]
-    return lines + [(name.ljust(width) + "  " + "  ".join(c.ljust(cells) for c in cs)).rstrip() for name, cs in rows]
+    widths = [max(len(c) for c in column) for column in zip(tags, *(cs for _, cs in rows))]  # one per tag
+
+    def line(name: str, cells: list[str]) -> str:
+        return (name.ljust(width) + "  " + "  ".join(c.ljust(w) for c, w in zip(cells, widths))).rstrip()
+
+    return ["", line("per tag", tags)] + [line(name, cs) for name, cs in rows]
 
 
 def _trend_specs() -> list[tuple[str, str, str, StandardError | None, Words | None]]:
