@@ -185,6 +185,37 @@ class OnlineDiagnostics:
         self.alarm.load_state_dict(state["alarm"])
 
 
+def held_out_proxies(
+    model: torch.nn.Module, tokenizer: Any, trajectories: Sequence[Trajectory], config: CollapseConfig, seed: int
+) -> dict[str, float]:
+    """The first-turn proxies of each tag's held-out episodes, `collapse_eval/<tag>/<metric>`: does the reasoning
+    still depend on its input where the policy was never trained, such as an out-of-distribution variant?
+
+    Per tag, up to `config.num_samples` first-turn reasonings scored against that tag's held-out first prompts
+    (one per seed), all tags in one scoring pass. An evaluation replays the same seeds, so there is no EMA:
+    the z-score's scale is each evaluation's own.
+    """
+    parts = {}
+    for traj in trajectories:
+        parts.setdefault(traj.tag, []).append(traj)
+    drawn = {tag: turn_pairs(part, 0, config.num_samples, np.random.default_rng([seed % 2**63, i]))
+             for i, (tag, part) in enumerate(parts.items())}
+    out = {f"collapse_eval/{tag}/valid_thinking_rate": pairs.valid_thinking_rate for tag, pairs in drawn.items()}
+    scored = [tag for tag, pairs in drawn.items() if pairs.reasonings]
+    out |= {f"collapse_eval/{tag}/num_pairs": 0.0 for tag in drawn if tag not in scored}
+    if not scored:
+        return out
+    matrices = score_matrices(model, tokenizer, [(drawn[t].prompts, drawn[t].reasonings) for t in scored],
+                              micro_batch_size=config.micro_batch_size)
+    for tag, logp in zip(scored, matrices):  # logp [M, P]
+        pairs = drawn[tag]
+        result = mi_metrics(logp, np.array(pairs.source), lengths=np.array([len(z) for z in pairs.reasonings]),
+                            input_ids=pairs.prompts, ks=RECALL_KS, marginal=config.marginal)
+        out |= {f"collapse_eval/{tag}/{key}": float(value) for key, value in result.items()
+                if key not in ("ema_state", "mi_zscore_ema", "marginal_std_ema") and math.isfinite(value)}
+    return out
+
+
 def summary_rows(records: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
     """(name, text) rows on the last check of each scheme, for the end-of-run table.
 

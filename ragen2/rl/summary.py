@@ -63,7 +63,8 @@ def summary_table(run: Run) -> str:
 
 def tag_table(records: list[dict]) -> list[str]:
     """A mixture's tags side by side (lines of a table; none without per-tag metrics): the last evaluation's
-    success ± SE and pass@k, the last step's training success, the filter's mean kept ratio, and the last MI check."""
+    success ± SE and pass@k, the last step's training success, the filter's mean kept ratio, the last MI check and
+    the last evaluation's first-turn Retrieval-Acc on held-out episodes."""
     tags = list(dict.fromkeys(key.split("/")[1] for namespace in ("rollout/", "eval/") for r in records for key in r
                               if key.count("/") == 2 and key.startswith(namespace) and key.endswith("/success_rate")))
     if not tags:
@@ -94,6 +95,7 @@ def tag_table(records: list[dict]) -> list[str]:
         ("filter kept ratio (mean)", [mean_kept(t) for t in tags]),
         ("Retrieval-Acc first turn", [cell(t, "collapse_first_turn/{tag}/retrieval_acc") for t in tags]),
         ("MI-ZScore-EMA first turn", [cell(t, "collapse_first_turn/{tag}/mi_zscore_ema") for t in tags]),
+        ("Retrieval-Acc held out", [cell(t, "collapse_eval/{tag}/retrieval_acc") for t in tags]),
     ]
     width = max(len(name) for name, _ in rows)
     widths = [max(len(c) for c in column) for column in zip(tags, *(cs for _, cs in rows))]  # one per tag

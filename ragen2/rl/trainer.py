@@ -60,6 +60,7 @@ from ragen2.agent.rollout import stable_seed
 from ragen2.agent.vllm_backend import VLLMBackend
 from ragen2.collapse.alarm import AlarmDecision
 from ragen2.collapse.grad_snr import grad_snr_probe, group_reward_variance
+from ragen2.collapse.online import held_out_proxies
 from ragen2.collapse.turn_signal import turn_signal_metrics
 from ragen2.config import Config, FilterConfig, validate
 from ragen2.envs import EVAL_SEED_OFFSET
@@ -662,6 +663,9 @@ def _evaluate(run: Run, step: int) -> dict[str, float]:
             metrics, trajectories = evaluate_mixture(
                 run.policy, run.tokenizer, eval_envs(cfg), rollout_cfg, cfg.rollout.group_size
             )
+            if cfg.collapse.enable:
+                seed = derived_seed(cfg.trainer.seed, step, "collapse_eval")
+                metrics |= held_out_proxies(run.policy, run.tokenizer, trajectories, cfg.collapse, seed)
         else:
             metrics, trajectories = evaluate(
                 run.policy, run.tokenizer, cfg.env.name, cfg.env.kwargs, rollout_cfg, cfg.trainer.eval_episodes

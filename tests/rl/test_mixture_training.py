@@ -60,6 +60,9 @@ def test_a_mixture_logs_every_metric_per_tag_and_the_totals_agree(small_bandit_p
     assert math.isclose(step1["eval/success_rate"], pooled)
     assert all(step1[f"eval/{t}/pass@4"] >= step1[f"eval/{t}/success_rate"] for t in TAGS)
     assert step0["eval/test-names/episodes"] == 12  # the evaluation before training, too
+    # MI on held-out first turns, per tag: one column per held-out seed (8 / 4 and 12 / 4 of them).
+    assert [step1[f"collapse_eval/{t}/num_inputs"] for t in TAGS] == [2, 3]
+    assert step0["collapse_eval/test-names/chance_level"] == 1 / 3
     # Every per-tag key is documented: a `<namespace>/<tag>/<metric>` row, and the metric without the tag.
     documented = set(re.findall(r"^\| `([^`]+)` \|", METRICS_DOC.read_text(), flags=re.MULTILINE))
     tagged = [k.split("/") for r in (step0, step1) for k in r if re.search(f"/({'|'.join(TAGS)})/", k)]
@@ -69,7 +72,9 @@ def test_a_mixture_logs_every_metric_per_tag_and_the_totals_agree(small_bandit_p
         return own if own in documented else f"{ns}/<tag>/<metric>"
 
     assert {row(ns, metric) for ns, _, metric in tagged} - documented == set()
-    assert {f"{ns}/{metric}" for ns, _, metric in tagged if not metric.startswith("pass@")} - documented == set()
+    untagged = {"collapse_eval": "collapse_first_turn"}  # held-out proxies: the first-turn ones, on other episodes
+    assert {f"{untagged.get(ns, ns)}/{metric}" for ns, _, metric in tagged if not metric.startswith("pass@")} \
+        - documented == set()
 
 
 def test_evaluating_a_mixture_of_one_equals_evaluate_and_pass_at_k_counts_its_groups(small_bandit_policy):

@@ -174,4 +174,5 @@ def test_a_mixtures_tags_stand_side_by_side_training_tags_first():
     assert row["train success (last)"] == ["0.375", "0.250", "-"]
     assert row["filter kept ratio (mean)"] == ["0.750", "0.250", "-"]
     assert row["Retrieval-Acc first turn"] == ["0.750", "-", "-"]
+    assert row["Retrieval-Acc held out"] == ["-", "-", "-"]
     assert tag_table([{"step": 1, "rollout/success_rate": 0.5}]) == []  # one environment: no block
