@@ -92,8 +92,9 @@ class EnvConfig:
         "null = env.name alone. RAGEN: es_manager.train.env_configs (tags, n_groups).",
     )
     eval: list[EvalEnvConfig] | None = _f(
-        None, "With env.mixture: the evaluation environments, a list of {tag} (a training tag) or {name, kwargs, "
-        "tag, episodes} (e.g. an out-of-distribution variant); null = every training tag. RAGEN: es_manager.val.",
+        None, "Evaluation environments, logged per tag: a list of {tag} (a training tag; env.name's is its name) or "
+        "{name, kwargs, tag, episodes} (e.g. an out-of-distribution variant). null = every training tag with "
+        "env.mixture, else env.name's evaluation as ever. RAGEN: es_manager.val.",
     )
 
 
