@@ -103,3 +103,14 @@ def test_the_presets_train_on_their_mixtures_and_evaluate_out_of_distribution():
     assert held_out == ["sokoban-8x8", "sokoban-symbols", "frozenlake-5x5", "frozenlake-slippery", "bandit-test"]
     assert [t.kwargs for t in eval_envs(tools) if t.tag == "countdown-6"] == [
         {"min_numbers": 5, "max_numbers": 6, "max_value": 20, "min_target": 10, "max_target": 100}]
+
+
+def test_evaluation_environments_without_a_mixture_tag_the_single_environment_by_its_name():
+    big = "{name: sokoban, kwargs: {dim_room: [8, 8]}, tag: big}"
+    config = load_config("sokoban", [f"env.eval=[{{tag: sokoban}}, {big}]"])
+    assert [(t.tag, t.kwargs, t.count) for t in eval_envs(config)] == [
+        ("sokoban", config.env.kwargs, 64), ("big", {"dim_room": [8, 8]}, 64)]
+    assert training_envs(config) == [TaggedEnv("sokoban", config.env.kwargs, "sokoban", 8)]
+    assert label(config) == "sokoban"
+    with pytest.raises(ConfigError, match=r"env.eval\[0\].tag='bandit' is not a training tag; training tags: sokoban"):
+        load_config("sokoban", ["env.eval=[{tag: bandit}]"])
