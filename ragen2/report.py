@@ -520,15 +520,15 @@ def run_tags(run: RunData) -> list[str]:
 # Panels of the per-tag figure: (y label, the line's key, the held-out points' key), {t} the tag.
 _TAG_PANELS = (
     ("success rate", "rollout/{t}/success_rate", "eval/{t}/success_rate"),
-    ("Retrieval-Acc (first turn)", "collapse_first_turn/{t}/retrieval_acc", None),
+    ("Retrieval-Acc (first turn)", "collapse_first_turn/{t}/retrieval_acc", "collapse_eval/{t}/retrieval_acc"),
     ("filter kept ratio", "filter/{t}/kept_ratio", None),
 )
 
 
 def _draw_tags(fig: Figure, runs: list[RunData], smooth: int) -> None:
-    """A mixture's tags overlaid, a colour per tag: training success as lines and held-out success as
-    diamonds (an out-of-distribution tag has diamonds only), then each tag's Retrieval-Acc and kept ratio.
-    Several runs share the tags' colours and differ in line style."""
+    """A mixture's tags overlaid, a colour per tag: success and first-turn Retrieval-Acc of training batches as
+    lines and of held-out episodes as diamonds (an out-of-distribution tag has diamonds only), then each tag's
+    kept ratio. Several runs share the tags' colours and differ in line style."""
     tags = list(dict.fromkeys(t for run in runs for t in run_tags(run)))
     color = {t: f"C{i % 10}" for i, t in enumerate(tags)}
 

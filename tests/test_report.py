@@ -535,7 +535,7 @@ def _write_mixture_run(run_dir: Path, scale: float) -> None:
                                       "filter/bandit/kept_ratio": 1.0, "collapse_first_turn/bandit/retrieval_acc": 0.9}
             if step in (0, 4):
                 m |= {"eval/success_rate": 0.3, "eval/sokoban/success_rate": 0.2, "eval/bandit/success_rate": scale,
-                      "eval/sokoban-8x8/success_rate": 0.05 * step}
+                      "eval/sokoban-8x8/success_rate": 0.05 * step, "collapse_eval/sokoban-8x8/retrieval_acc": 0.5}
             tracker.log(step, m)
 
 
@@ -555,3 +555,5 @@ def test_report_overlays_a_mixtures_tags_in_their_own_colours(tmp_path: Path) ->
     assert {"sokoban", "bandit", "sokoban-8x8", "a", "b"} <= set(success.get_legend_handles_labels()[1])
     assert [line.get_ydata().tolist() for line in kept.get_lines() if line.get_color() == "C1"][0] == [0.5] * 4
     assert retrieval.get_ylabel() == "Retrieval-Acc (first turn)"
+    held_out = [line.get_ydata().tolist() for line in retrieval.get_lines() if line.get_color() == "C2"]
+    assert held_out == [[0.5, 0.5], [0.5, 0.5]]  # the variant's held-out Retrieval-Acc, diamonds of both runs
