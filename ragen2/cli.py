@@ -100,21 +100,19 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if latest.is_file():  # a run directory: its latest checkpoint
         model = str(Path(model) / "checkpoints" / latest.read_text().strip())
     check_model_name(model, f"model {model}")  # a mistyped hub name fails before torch loads
+    from ragen2.eval_envs import evaluate_envs_cli, parse_env
     from ragen2.evaluate import evaluate_cli
     from ragen2.models.loading import check_model_path
 
+    envs = [e for text in args.env or ["sokoban"] for e in parse_env(text)]
     check_model_path(model, f"model {model}")  # before the model loads, with the file that is wrong
-    result = evaluate_cli(
-        model=model,
-        env_name=args.env,
-        episodes=args.episodes,
-        temperature=args.temperature,
-        device=args.device,
-        overrides=args.overrides,
-        out=Path(args.out) if args.out else None,
-        compare_random=not args.no_random,
-        samples=args.samples,
-    )
+    common = dict(model=model, episodes=args.episodes, temperature=args.temperature, device=args.device,
+                  overrides=args.overrides, out=Path(args.out) if args.out else None,
+                  compare_random=not args.no_random, samples=args.samples)
+    if len(envs) == 1 and not envs[0].kwargs:
+        result = evaluate_cli(env_name=envs[0].name, **common)
+    else:
+        result = evaluate_envs_cli(envs=envs, **common)
     print(result["table"])
     if result["transcripts"]:
         print("\n" + result["transcripts"] + "\n")
@@ -314,7 +312,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("model", nargs="?", help="Model directory, run directory (its latest checkpoint), hub name or "
                    ".gguf file; 'tiny' = the built-in warm-started policy, 'smollm2-135m' = SmolLM2-135M-Instruct.")
-    p.add_argument("--env", default="sokoban", help="Environment name (default: sokoban).")
+    p.add_argument("--env", action="append", metavar="ENV",
+                   help="Environment name (default: sokoban). Repeat it for several in one table; a variant is "
+                   "NAME:key=value[:key=value] over the preset's kwargs (sokoban:dim_room=[8,8]), and a .yaml file "
+                   "lists {name, kwargs, tag} entries (docs/mixtures.md).")
     p.add_argument("--episodes", type=int, default=200, help="Held-out episodes (default: 200).")
     p.add_argument("--temperature", type=float, default=0.5, help="Sampling temperature (default: 0.5).")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda (default: auto).")

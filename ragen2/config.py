@@ -61,9 +61,42 @@ class ModelConfig:
 
 
 @dataclass
+class MixtureEnvConfig:
+    """One training environment of a mixture (`env.mixture`; docs/mixtures.md)."""
+
+    name: str = _f("", "Environment name in the registry.")
+    kwargs: dict[str, Any] = _f({}, "Keyword arguments for its constructor (a variant: docs/environments.md).")
+    tag: str | None = _f(None, "Name its metrics are logged under, `<namespace>/<tag>/<metric>`; null = `name`.")
+    groups: int | None = _f(None, "Groups of each step that play it; set on every entry or none, summing to "
+                                  "rollout.num_groups.")
+    weight: float | None = _f(None, "Without `groups`: its share of rollout.num_groups (null = 1, equal shares).")
+
+
+@dataclass
+class EvalEnvConfig:
+    """One evaluation environment (`env.eval`): a training tag, or an environment of its own (out of distribution)."""
+
+    name: str | None = _f(None, "Environment name; null = the training environment whose tag is `tag`.")
+    kwargs: dict[str, Any] = _f({}, "Keyword arguments for its constructor.")
+    tag: str | None = _f(None, "Name of its `eval/<tag>/` metrics; null = `name`.")
+    episodes: int | None = _f(None, "Held-out episodes per evaluation, a multiple of rollout.group_size; "
+                                    "null = trainer.eval_episodes.")
+
+
+@dataclass
 class EnvConfig:
     name: str = _f("sokoban", "Environment name in the registry (see `ragen2.envs.names()`).")
     kwargs: dict[str, Any] = _f({}, "Keyword arguments for the environment constructor.")
+    mixture: list[MixtureEnvConfig] | None = _f(
+        None, "Several training environments in one run: a list of {name, kwargs, tag, groups | weight}; "
+        "env.name and env.kwargs are then unused, and metrics are also logged per tag (docs/mixtures.md). "
+        "null = env.name alone. RAGEN: es_manager.train.env_configs (tags, n_groups).",
+    )
+    eval: list[EvalEnvConfig] | None = _f(
+        None, "Evaluation environments, logged per tag: a list of {tag} (a training tag; env.name's is its name) or "
+        "{name, kwargs, tag, episodes} (e.g. an out-of-distribution variant). null = every training tag with "
+        "env.mixture, else env.name's evaluation as ever. RAGEN: es_manager.val.",
+    )
 
 
 @dataclass
@@ -393,6 +426,11 @@ class FilterConfig:
         "spread-out returns (top and bottom). 1 keeps whole groups; the paper's trajectory-level ablation "
         "is filter.strategy=none filter.trajectory_keep=0.5.",
     )
+    scope: Literal["batch", "tag"] = _f(
+        "batch", "With env.mixture: rank every group of the batch together (batch, the reference's way), or apply "
+        "the rule within each tag's groups, keeping the same fraction of each (tag; for returns on different "
+        "scales, docs/mixtures.md).",
+    )
     level: Literal["prompt", "anchor"] = _f(
         "prompt", "What the filter ranks and keeps: prompt groups (the paper, RAGEN), or with algo.name=gigpo "
         "anchor-state groups, the turns of a group that saw the identical observation, by their step returns; a turn "
@@ -606,6 +644,10 @@ def _check_value(path: str, value: Any, tp: Any) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{path}={value!r} must be a mapping")
         return dict(value)
+    if dataclasses.is_dataclass(tp):  # an element of a list of sections, such as env.mixture[0]
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}={value!r} must be a mapping of keys, e.g. {{name: sokoban}}")
+        return _build(tp, value, f"{path}.")
     if tp is Any:
         return value
     if tp is bool:
@@ -840,6 +882,16 @@ def check_sizes(config: Config, memory_bytes: int | None = None) -> None:
             )
 
 
+def check_env_kwargs(key: str, name: str, kwargs: dict[str, Any]) -> None:
+    """Building one instance checks `kwargs` against the constructor, with its own message prefixed by `key`."""
+    from ragen2 import envs
+
+    try:
+        envs.make(name, **kwargs)
+    except (TypeError, ConfigError) as e:
+        raise ConfigError(f"{key} for {name!r}: {e}") from e
+
+
 def validate(config: Config) -> None:
     """Refuse settings that cannot work, with the reason, before any work starts."""
     if config.agent.entrypoint is not None:
@@ -916,6 +968,9 @@ def validate(config: Config) -> None:
         if missing:
             raise ConfigError("filter.level=anchor ranks GiGPO's anchor-state groups by their step returns and needs "
                               + ", ".join(missing) + "; filter.level=prompt ranks prompt groups")
+    if f.scope == "tag" and f.level == "anchor":
+        raise ConfigError("filter.scope=tag ranks prompt groups within each tag; it does not work with "
+                          "filter.level=anchor: use filter.scope=batch or filter.level=prompt")
     for key, on in (("soft_advantage_reweight", a.soft_advantage_reweight),
                     ("grpo_advantage_length_weight", a.grpo_advantage_length_weight)):
         if on and a.name not in GROUP_NORMALISED:
@@ -977,22 +1032,22 @@ def _validate_async(c: AsyncConfig) -> None:
 
 
 def _validate_env(config: Config) -> None:
-    """env.name is registered and env.kwargs fit its constructor."""
+    """env.name is registered and env.kwargs fit its constructor, or the mixture's entries do (`check_mixture`)."""
     from ragen2 import envs
     from ragen2.envs.external import SUITES
 
-    if not envs.exists(config.env.name):
-        raise ConfigError(
-            f"env.name={config.env.name!r} is not a registered environment; valid: {', '.join(envs.names())}, "
-            f"or a suite's game ({', '.join(f'{s}:GAME' for s in SUITES)}, e.g. textarena:TowerOfHanoi-v0)."
-            + did_you_mean(config.env.name, envs.names())
-        )
-    try:  # building one instance checks env.kwargs against the constructor, with its own message
-        envs.make(config.env.name, **config.env.kwargs)
-    except TypeError as e:
-        raise ConfigError(f"env.kwargs for {config.env.name!r}: {e}") from e
-    except ConfigError as e:
-        raise ConfigError(f"env.kwargs for {config.env.name!r}: {e}") from e
+    if config.env.mixture is None:  # with a mixture env.name is unused, and check_mixture checks the entries
+        if not envs.exists(config.env.name):
+            raise ConfigError(
+                f"env.name={config.env.name!r} is not a registered environment; valid: {', '.join(envs.names())}, "
+                f"or a suite's game ({', '.join(f'{s}:GAME' for s in SUITES)}, e.g. textarena:TowerOfHanoi-v0)."
+                + did_you_mean(config.env.name, envs.names())
+            )
+        check_env_kwargs("env.kwargs", config.env.name, config.env.kwargs)
+    if config.env.mixture is not None or config.env.eval is not None:
+        from ragen2.mixture import check_mixture
+
+        check_mixture(config)
 
 
 def _validate_agent(config: Config) -> None:
@@ -1008,6 +1063,9 @@ def _validate_agent(config: Config) -> None:
     if not (g.batch_wait_s >= 0 and g.request_timeout_s > 0 and 0 <= g.port <= 65535):
         raise ConfigError(f"agent.batch_wait_s={g.batch_wait_s}, agent.request_timeout_s={g.request_timeout_s}, "
                           f"agent.port={g.port}: need a wait >= 0 s, a timeout > 0 s and a port in 0..65535")
+    if config.env.mixture is not None or config.env.eval is not None:
+        raise ConfigError("agent.entrypoint runs the agent's own loop, not ragen2's environments: "
+                          "leave env.mixture and env.eval unset")
     if config.rollout.backend != "hf":
         raise ConfigError(f"agent.entrypoint serves the policy with rollout.backend=hf; "
                           f"rollout.backend={config.rollout.backend} is not supported there")

@@ -22,9 +22,10 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ragen2 import envs
 from ragen2.agent.backends import HFBackend
-from ragen2.agent.rollout import RolloutConfig, rollout, summarize
+from ragen2.agent.rollout import RolloutConfig, group_seeds, rollout, summarize
 from ragen2.agent.types import Trajectory, Turn
 from ragen2.errors import ConfigError
+from ragen2.mixture import TaggedEnv, is_mixture, tagged_metrics
 from ragen2.progress import heartbeat
 from ragen2.tracking import METRICS_FILE, read_metrics
 from ragen2.verdict import LEARNED, VS_RANDOM, binomial_se, verdict
@@ -67,6 +68,43 @@ def evaluate_agent(
     seeds = envs.eval_seeds(episodes)
     trajectories = runner.play(seeds, list(range(episodes)), [stable_seed(seed, i) for i in range(episodes)], sampling)
     return _eval_metrics(summarize(trajectories), [t.success for t in trajectories]), trajectories
+
+
+def evaluate_mixture(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    entries: list[TaggedEnv],
+    cfg: RolloutConfig,
+    group_size: int,
+    batch_size: int | None = None,
+) -> tuple[dict[str, float], list[Trajectory]]:
+    """Each entry's `count` held-out episodes as groups of `group_size` episodes per seed, in one rollout.
+
+    Returns the `eval/...` metrics of `evaluate` over every episode, the same per entry as
+    `eval/<tag>/...` plus `eval/<tag>/pass@<group_size>` (`pass_at_k`), and the trajectories.
+    """
+    specs, seeds, group_ids = [], [], []
+    for entry in entries:
+        entry_seeds, ids = group_seeds(envs.EVAL_SEED_OFFSET, entry.count // group_size, group_size)
+        specs += [entry] * len(entry_seeds)
+        seeds += entry_seeds
+        group_ids += [len(set(group_ids)) + g for g in ids]
+    backend = HFBackend(model, tokenizer, batch_size=batch_size, prefix_reuse=cfg.prefix_reuse)
+    trajectories = rollout(backend, tokenizer, "", {}, seeds, group_ids, cfg, episode_envs=specs)
+
+    def metrics_of(part: list[Trajectory]) -> dict[str, float]:
+        successes = np.array([t.success for t in part]).reshape(-1, group_size)  # [groups, G]
+        return _eval_metrics(summarize(part), [t.success for t in part]) | {
+            f"eval/pass@{group_size}": pass_at_k(successes)
+        }
+
+    overall = _eval_metrics(summarize(trajectories), [t.success for t in trajectories])
+    return overall | tagged_metrics(metrics_of, trajectories, [t.tag for t in trajectories]), trajectories
+
+
+def pass_at_k(successes: np.ndarray) -> float:
+    """The fraction of groups with at least one success; successes: bool [groups, k], one row per seed."""
+    return float(successes.any(axis=1).mean()) if len(successes) else 0.0
 
 
 def random_agent(env_name: str, env_kwargs: dict, episodes: int, cfg: RolloutConfig, seed: int = 0) -> dict[str, float]:
@@ -273,6 +311,9 @@ def verdict_lines(
         run = config_from_file(run_dir / "config.yaml")
     except (ConfigError, OSError) as e:
         return [*lines, f"run start → this eval: not compared, the run's config.yaml cannot be read ({e})"]
+    if is_mixture(run):  # its eval/success_rate pools several environments, each seed played in a group
+        return [*lines, "run start → this eval: not compared, the run evaluated a mixture (docs/mixtures.md); its "
+                        "metrics.jsonl has eval/<tag>/success_rate per environment"]
 
     def settings(env: EnvConfig, temperature: float, rollout_cfg: RolloutConfig) -> dict[str, object]:
         return {"env.name": env.name, "env.kwargs": env.kwargs, "temperature": temperature,

@@ -37,6 +37,7 @@ import math
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from numbers import Real
+from typing import Any
 
 import numpy as np
 
@@ -218,6 +219,22 @@ def _without_rounding_noise(score: np.ndarray) -> np.ndarray:
     rounding instead of by group index. 12 digits keep every real difference of returns.
     """
     return np.array([float(f"{s:.12g}") for s in score], dtype=np.float64)
+
+
+def select_groups_by_tag(rewards: np.ndarray, tags: Sequence[str], scores: np.ndarray | None = None,
+                         **rule: Any) -> np.ndarray:
+    """`select_groups` within each tag's groups (`filter.scope=tag`): the same rule, so the same fraction, from each.
+
+    rewards: float [P, G]; tags: [P], group i's tag; scores: [P, G] or None, as `select_groups`'s.
+    Returns the kept group indices into all P, int64 [K], sorted ascending. With returns on different
+    scales (Sokoban's +10 against Bandit's 0/1) a batch-wide ranking would keep mostly one tag.
+    """
+    kept = []
+    for tag in dict.fromkeys(tags):
+        rows = np.array([i for i, t in enumerate(tags) if t == tag])
+        part = None if scores is None else scores[rows]
+        kept.append(rows[select_groups(rewards[rows], scores=part, **rule)])
+    return np.sort(np.concatenate(kept)).astype(np.int64)
 
 
 def group_stats(rewards: np.ndarray, ddof: int = 1, zero_tol: float = ZERO_TOL) -> dict[str, float]:

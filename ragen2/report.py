@@ -291,6 +291,7 @@ class FigureSpec:
     draw: Draw
     available: Callable[[RunData], bool] | None = None
     needs: str = ""  # what the page says a skipped figure needed, when not simply one of `keys`
+    always: bool = True  # listed under "not drawn" when skipped; False for figures only some kinds of run have
 
     def drawable(self, run: RunData) -> bool:
         if self.available is not None:
@@ -327,7 +328,8 @@ def write_report(run_dirs: Path | str | Sequence[Path | str], out_dir: Path | No
     for spec in FIGURES:
         path = fig_dir / f"{spec.name}.png"
         if not any(spec.drawable(run) for run in runs):
-            missing.append(spec)
+            if spec.always:
+                missing.append(spec)
             path.unlink(missing_ok=True)  # a figure left from an older report would mislead
             continue
         fig = Figure(dpi=100, layout="constrained")
@@ -509,6 +511,50 @@ def _draw_success(fig: Figure, runs: list[RunData], smooth: int) -> None:
     _finish([ax], runs)
 
 
+def run_tags(run: RunData) -> list[str]:
+    """A mixture run's tags (`<namespace>/<tag>/<metric>` keys): the training tags, then the evaluation-only ones."""
+    keys = run.metrics.matching("rollout/*/success_rate") + run.metrics.matching("eval/*/success_rate")
+    return list(dict.fromkeys(key.split("/")[1] for key in keys if key.count("/") == 2))
+
+
+# Panels of the per-tag figure: (y label, the line's key, the held-out points' key), {t} the tag.
+_TAG_PANELS = (
+    ("success rate", "rollout/{t}/success_rate", "eval/{t}/success_rate"),
+    ("Retrieval-Acc (first turn)", "collapse_first_turn/{t}/retrieval_acc", "collapse_eval/{t}/retrieval_acc"),
+    ("filter kept ratio", "filter/{t}/kept_ratio", None),
+)
+
+
+def _draw_tags(fig: Figure, runs: list[RunData], smooth: int) -> None:
+    """A mixture's tags overlaid, a colour per tag: success and first-turn Retrieval-Acc of training batches as
+    lines and of held-out episodes as diamonds (an out-of-distribution tag has diamonds only), then each tag's
+    kept ratio. Several runs share the tags' colours and differ in line style."""
+    tags = list(dict.fromkeys(t for run in runs for t in run_tags(run)))
+    color = {t: f"C{i % 10}" for i, t in enumerate(tags)}
+
+    def logged(key: str | None) -> bool:
+        return key is not None and any(run.metrics.has(key.format(t=t)) for run in runs for t in tags)
+
+    shown = [panel for panel in _TAG_PANELS if logged(panel[1]) or logged(panel[2])]
+    axes = _panels(fig, len(shown))
+    for ax, (label, line_key, point_key) in zip(axes, shown):
+        for r, run in enumerate(runs):
+            style = _LINESTYLES[r % len(_LINESTYLES)]
+            for t in tags:
+                steps, values = run.metrics.series(line_key.format(t=t))
+                if len(steps):
+                    _curve(ax, steps, values, _first_label(ax, t), smooth, color=color[t], linestyle=style)
+                steps, values = run.metrics.series(point_key.format(t=t)) if point_key else ([], [])
+                if len(steps):
+                    ax.plot(steps, values, "D", color=color[t], markeredgecolor="black", markersize=6, zorder=3,
+                            label=_first_label(ax, t))
+            if len(runs) > 1:
+                _legend_key(ax, run.label, linestyle=style)
+        _rate_axis(ax, label)
+    axes[0].set_title("Per tag: training episodes (lines), held-out evaluations (diamonds)")
+    _finish(axes, runs)
+
+
 def _draw_throughput(fig: Figure, runs: list[RunData], smooth: int) -> None:
     (ax,) = _panels(fig, 1)
     ax.set_title("Generation throughput (whole batch)")
@@ -676,6 +722,7 @@ def _draw_grad_snr(fig: Figure, runs: list[RunData], smooth: int) -> None:
 
 FIGURES = (  # success first: whether the run learned is the report's first question
     FigureSpec("success", "Success rate", ("rollout/success_rate", "eval/success_rate"), _draw_success),
+    FigureSpec("tags", "Per tag", ("rollout/*/*", "eval/*/*"), _draw_tags, always=False),  # mixtures only
     FigureSpec("reward", "Episode return", ("rollout/return_mean", "eval/return_mean"), _draw_reward),
     FigureSpec(
         "collapse",

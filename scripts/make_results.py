@@ -44,7 +44,9 @@ from ragen2.sweep import GRID_FILE, STATUS_FILE, mean_se, read_grid, read_sweep,
 
 EXPERIMENTS = ("collapse", "mechanism", "filter_sokoban", "filter_frozenlake", "filter_frozenlake_partway", "filter_countdown",
                "quartiles", "levels", "external_frozenlake", "smollm2_mechanism", "smollm2_filter_frozenlake",
-               "turn_credit_frozenlake", "turn_credit_sokoban")
+               "turn_credit_frozenlake", "turn_credit_sokoban", "planning_mix")
+# Sweeps over environment mixtures: their pooled success mixes environments; the cross-run correlation leaves them out.
+MIXTURE_SWEEPS = ("planning_mix",)
 # Experiments that need a GPU, and the command that runs each on a machine with one.
 GPU_EXPERIMENTS = {
     "filter_sokoban_gpu": "OUT=gpu-results bash benchmarks/gpu_checks.sh",
@@ -956,6 +958,83 @@ def external_claim(sweeps: dict[str, Sweep], figures: Path) -> Claim:
     return Claim(title, paper, f"held-out success {fmt(first)} → {fmt(last)} ({fmt_diff(d, se)})", verdict, body)
 
 
+MIX_TRAINED = ("sokoban", "frozenlake", "bandit")  # planning-mix's training tags; its other eval tags are variants
+
+
+def _first_last(run: Run, key: str) -> tuple[float, float]:
+    """(first, last) logged value of `key` in a run; NaN where never logged."""
+    values = run.series(key)[1]
+    return (float(values[0]), float(values[-1])) if len(values) else (math.nan, math.nan)
+
+
+def mixture_claim(sweeps: dict[str, Sweep], figures: Path) -> Claim:
+    """planning-mix with and without the filter: per tag, held-out success and held-out input dependence from step 0
+    to the end; across runs and out-of-distribution tags, whether the two move together."""
+    title = "Several environments in one run: planning-mix in and out of distribution"
+    paper = ("– (not a paper claim: RAGEN trains on tagged mixtures and validates out of distribution; a reasoning "
+             "template that ignores its input should fail out of distribution first)")
+    if "planning_mix" not in sweeps:
+        return not_run(title, paper, "planning_mix")
+    sweep = sweeps["planning_mix"]
+    groups = sweep.groups("filter")
+    tags = [k.split("/")[1] for k in sweep.runs[0].records[0] if k.count("/") == 2 and k.startswith("eval/")
+            and k.endswith("/success_rate")]
+    ood = [t for t in tags if t not in MIX_TRAINED]
+    body = [
+        f"Runs: `sweeps/planning_mix` ({sweep.description.rstrip('.')}). Per tag: held-out success (and pass@8, a "
+        "success among a seed's 8 episodes) and the first-turn Retrieval-Acc of held-out episodes "
+        "(`collapse_eval/<tag>/retrieval_acc`: each tag's reasonings against its own 8 held-out prompts, chance "
+        "1/8), at step 0 and at the last step, and the training batches' first-turn Retrieval-Acc within the tag at "
+        "its last check; mean ± SE over seeds. *ood*: a variant never trained on.",
+        "",
+        "| filter | tag | held-out success, step 0 | final | final pass@8 | held-out Retrieval-Acc, step 0 | final | "
+        "training Retrieval-Acc, final |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for label, runs in groups.items():
+        for tag in tags:
+            success = [_first_last(r, f"eval/{tag}/success_rate") for r in runs]
+            retrieval = [_first_last(r, f"collapse_eval/{tag}/retrieval_acc") for r in runs]
+            cells = [fmt([a for a, _ in success]), fmt([b for _, b in success]),
+                     fmt([_first_last(r, f"eval/{tag}/pass@8")[1] for r in runs]),
+                     fmt([a for a, _ in retrieval]), fmt([b for _, b in retrieval]),
+                     fmt([_first_last(r, f"collapse_first_turn/{tag}/retrieval_acc")[1] for r in runs])]
+            body.append(f"| {label} | {tag}{' (ood)' if tag in ood else ''} | " + " | ".join(cells) + " |")
+    points: dict[str, tuple[list[float], list[float]]] = {}
+    for run in sweep.runs:
+        for tag in ood:
+            s0, s1 = _first_last(run, f"eval/{tag}/success_rate")
+            m0, m1 = _first_last(run, f"collapse_eval/{tag}/retrieval_acc")
+            xs, ys = points.setdefault(tag, ([], []))
+            xs.append(s1 - s0)
+            ys.append(m1 - m0)
+    rho = spearman_ci([x for xs, _ in points.values() for x in xs], [y for _, ys in points.values() for y in ys])
+    verdict = "reproduced" if rho[1] > 0 else "partly" if math.isfinite(rho[0]) and rho[0] > 0 else "not reproduced"
+    ceiling = [t for t in ood  # held-out Retrieval-Acc at its ceiling at both ends of every run
+               if all(v >= 0.95 for r in sweep.runs for v in _first_last(r, f"collapse_eval/{t}/retrieval_acc"))]
+    final_ood = {label: [float(np.mean([_first_last(r, f"eval/{t}/success_rate")[1] for t in ood])) for r in runs]
+                 for label, runs in groups.items()}
+    d, se = difference(final_ood.get("paper", []), final_ood.get("none", []))
+    body += [
+        "",
+        "Question: out of distribution, does the change in held-out input dependence move with the change in held-out "
+        "success? Criteria, fixed before the runs: *reproduced* when Spearman ρ between the two changes (step 0 to "
+        "the end), over every run and out-of-distribution tag, is positive with its 95% bootstrap interval above 0; "
+        "*partly* when positive but the interval reaches 0; *not reproduced* otherwise.",
+        "",
+        f"Result: ρ = {fmt_rho(*rho)}. Final out-of-distribution success (mean over the variants of each run), paper "
+        f"filter minus none: {fmt_diff(d, se)}. {len(ceiling)} of the {len(ood)} out-of-distribution tags"
+        + (f" ({', '.join(ceiling)})" if ceiling else "") + " have held-out Retrieval-Acc ≥ 0.95 at both ends of "
+        "every run: there the proxy is at its ceiling and cannot move with success, so ρ rests on the others.",
+        "",
+    ]
+    path = scatter(figures / "planning_mix_ood.png", points, "Δ held-out success (step 0 → end)",
+                   "Δ held-out Retrieval-Acc (first turn)",
+                   "planning-mix, out-of-distribution tags: one point per run")
+    body.append(f"![planning_mix](figures/{path.name})")
+    return Claim(title, paper, f"ood Δ Retrieval-Acc vs Δ success ρ = {fmt_rho(*rho)}", verdict, body)
+
+
 PROXIES = (
     ("Retrieval-Acc (first turn)", "retrieval_acc_ft"),
     ("Retrieval-Acc (traj)", "retrieval_acc_traj"),
@@ -972,7 +1051,7 @@ PROXIES = (
 def correlation_claim(sweeps: dict[str, Sweep], figures: Path) -> Claim:
     title = "MI proxies track final success, entropy does not"
     paper = "Spearman with final success: trajectory MI-ZScore +0.39; entropy −0.11 to −0.14"
-    runs = [r for s in sweeps.values() for r in s.runs]
+    runs = [r for s in sweeps.values() if s.name not in MIXTURE_SWEEPS for r in s.runs]
     if len(runs) < 3:
         return not_run(title, paper, *EXPERIMENTS)
     success = [r.row["final_success"] for r in runs]
@@ -981,7 +1060,8 @@ def correlation_claim(sweeps: dict[str, Sweep], figures: Path) -> Claim:
     for r in runs:
         by_env.setdefault(_env_of(r), []).append(r)
     body = [
-        f"All {len(runs)} finished runs of every sweep ({', '.join(sorted(sweeps))}): Spearman ρ between each run's "
+        f"All {len(runs)} finished runs of every sweep ({', '.join(sorted(set(sweeps) - set(MIXTURE_SWEEPS)))}): "
+        "Spearman ρ between each run's "
         f"final held-out success and the proxy's last value, with 95% percentile bootstrap intervals ({BOOTSTRAP} "
         "resamples of runs). Pooling environments mixes their success levels; the per-environment columns separate them.",
         "",
@@ -1077,6 +1157,7 @@ def write_results(sweeps_dir: Path, out: Path, figures: Path, model_figures: boo
         *turn_credit_claims(started, figures),
         levels_claim(started, figures),
         external_claim(started, figures),
+        mixture_claim(started, figures),
         correlation_claim(started, figures),
     ]
     lines = [

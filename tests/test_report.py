@@ -522,3 +522,38 @@ def test_screenshot_crops_the_blank_rows_below_the_page(tmp_path: Path) -> None:
     assert shot.main(argv) == 0
     rendered = Image.open(tmp_path / "shot.png")
     assert rendered.width == 400 and 100 < rendered.height < 1500  # the page's end, not the window's
+
+
+def _write_mixture_run(run_dir: Path, scale: float) -> None:
+    """Two training tags and one evaluation-only tag (out of distribution), evaluated at steps 0 and 4."""
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(CONFIG.format(algo="grpo"))
+    with Tracker(run_dir, {}, tensorboard=False) as tracker:
+        for step in range(5):
+            m = {} if step == 0 else {"rollout/success_rate": 0.1 * step, "rollout/sokoban/success_rate": 0.1 * step,
+                                      "rollout/bandit/success_rate": scale, "filter/sokoban/kept_ratio": 0.5,
+                                      "filter/bandit/kept_ratio": 1.0, "collapse_first_turn/bandit/retrieval_acc": 0.9}
+            if step in (0, 4):
+                m |= {"eval/success_rate": 0.3, "eval/sokoban/success_rate": 0.2, "eval/bandit/success_rate": scale,
+                      "eval/sokoban-8x8/success_rate": 0.05 * step, "collapse_eval/sokoban-8x8/retrieval_acc": 0.5}
+            tracker.log(step, m)
+
+
+def test_report_overlays_a_mixtures_tags_in_their_own_colours(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    _write_mixture_run(a, 0.5)
+    _write_mixture_run(b, 0.75)
+    write_report([a, b], tmp_path / "out")
+    assert (tmp_path / "out" / "figures" / "tags.png").is_file()
+    success, retrieval, kept = _draw("tags", [a, b]).axes
+    lines = {(line.get_color(), line.get_linestyle(), line.get_marker()): line.get_ydata().tolist()
+             for line in success.get_lines() if len(line.get_xdata())}
+    # Training tags by name, bandit C0 and sokoban C1, then sokoban-8x8 C2 (held out: diamonds only); a solid, b dashed.
+    assert lines[("C0", "-", "o")] == [0.5] * 4 and lines[("C0", "--", "o")] == [0.75] * 4
+    assert lines[("C2", "None", "D")] == [0.0, 0.2]
+    assert not any(color == "C2" and marker != "D" for color, _, marker in lines)
+    assert {"sokoban", "bandit", "sokoban-8x8", "a", "b"} <= set(success.get_legend_handles_labels()[1])
+    assert [line.get_ydata().tolist() for line in kept.get_lines() if line.get_color() == "C1"][0] == [0.5] * 4
+    assert retrieval.get_ylabel() == "Retrieval-Acc (first turn)"
+    held_out = [line.get_ydata().tolist() for line in retrieval.get_lines() if line.get_color() == "C2"]
+    assert held_out == [[0.5, 0.5], [0.5, 0.5]]  # the variant's held-out Retrieval-Acc, diamonds of both runs

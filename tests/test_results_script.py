@@ -105,6 +105,19 @@ def results(tmp_path_factory):
     # quartiles: started, but no run has finished yet
     cut_off = {"quartile=1__seed=0": ({"quartile": 1}, 0, run_records([0.5] * 3, [1.0] * 3, flat[:3]))}
     write_sweep(sweeps, "quartiles", ["quartile"], cut_off, unfinished=tuple(cut_off))
+    # planning_mix: per run and out-of-distribution tag k, held-out success rises by 0.1 (seed + 1) + 0.05 k (+0.3 with
+    # the filter) and Retrieval-Acc by half that: the two changes always move together.
+    mixture_runs = {}
+    for f, bonus in (("paper", 0.3), ("none", 0.0)):
+        for s in range(3):
+            gains = {"sokoban": 0.0, **{tag: 0.1 * (s + 1) + 0.05 * k + bonus
+                                        for k, tag in enumerate(("sokoban-8x8", "bandit-test"))}}
+            records = [{"step": step, "eval/success_rate": 0.5,
+                        **{f"eval/{t}/success_rate": 0.25 + g * (step == 2) for t, g in gains.items()},
+                        **{f"collapse_eval/{t}/retrieval_acc": 0.5 + g / 2 * (step == 2) for t, g in gains.items()}}
+                       for step in (0, 2)]
+            mixture_runs[f"filter={f}__seed={s}"] = ({"filter": f}, s, records)
+    write_sweep(sweeps, "planning_mix", ["filter"], mixture_runs)
     out = root / "docs" / "results.md"
     make_results.write_results(sweeps, out, out.parent / "figures", model_figures=False)
     return out, out.read_text(), sweeps
@@ -177,6 +190,19 @@ def test_correlation_matches_scipy_on_the_sweep_tables(results):
     rho = spearmanr([r["mi_zscore_ema_traj"] for r in rows], [r["final_success"] for r in rows]).statistic
     part = section(text, "MI proxies track final success")
     assert f"| MI-ZScore-EMA (traj) | {rho:+.2f} [" in part and f"(n={len(rows)})" in part
+
+
+def test_planning_mix_per_tag_numbers_and_verdict(results):
+    _, text, _ = results
+    part = section(text, "Several environments in one run")
+    # paper, sokoban-8x8: gains 0.1 (s + 1) + 0.3 = 0.4, 0.5, 0.6 over 0.25; Retrieval-Acc 0.5 + half of them.
+    row = ("| paper | sokoban-8x8 (ood) | 0.25 ± 0 (n=3) | 0.75 ± 0.058 (n=3) | – | 0.5 ± 0 (n=3) | "
+           "0.75 ± 0.029 (n=3) | – |")
+    assert row in part  # no pass@8 or training MI logged for it here
+    assert "| none | sokoban | 0.25 ± 0 (n=3) | 0.25 ± 0 (n=3) |" in part  # a training tag: no (ood) mark
+    assert "ρ = +1.00 [+1.00, +1.00] (n=12)" in part and "Verdict: **reproduced**" in part
+    # Final ood success per run, paper minus none: 0.3, SE sqrt(2) x 0.1 / sqrt(3) = 0.082.
+    assert "paper filter minus none: +0.3 ± 0.082. 0 of the 2 out-of-distribution tags have" in part
 
 
 def test_every_linked_figure_exists(results):

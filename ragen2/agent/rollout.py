@@ -23,6 +23,7 @@ from ragen2.agent.types import GenerationOutput, Trajectory, Turn
 from ragen2.config import RolloutConfig
 from ragen2.envs.base import TextEnv
 from ragen2.errors import ConfigError
+from ragen2.mixture import TaggedEnv
 
 
 @dataclass
@@ -75,8 +76,12 @@ def rollout(
     cfg: RolloutConfig,
     stats: RolloutStats | None = None,
     sample_seeds: list[int] | None = None,
+    episode_envs: list[TaggedEnv] | None = None,
 ) -> list[Trajectory]:
     """Play one episode per seed with `ragen2.envs.make(env_name, **env_kwargs)`, returned in the order of `seeds`.
+
+    `episode_envs` (one per episode) plays a mixture instead: episode i builds `episode_envs[i]` and its
+    trajectory carries that entry's tag; without it every trajectory's tag is `env_name`.
 
     Rewards: each turn's reward is the sum of its env rewards plus `cfg.format_penalty` when
     the response is malformed or an action was invalid. Actions of a turn stop at the first
@@ -91,10 +96,13 @@ def rollout(
         raise ValueError(f"{len(seeds)} seeds but {len(group_ids)} group ids: pass one group id per seed")
     if sample_seeds is not None and len(sample_seeds) != len(seeds):
         raise ValueError(f"{len(sample_seeds)} sample seeds for {len(seeds)} episodes: pass one per episode, or None")
+    if episode_envs is not None and len(episode_envs) != len(seeds):
+        raise ValueError(f"{len(episode_envs)} environments for {len(seeds)} episodes: pass one per episode, or None")
+    specs = episode_envs or [TaggedEnv(env_name, env_kwargs, env_name)] * len(seeds)
     stats = stats if stats is not None else RolloutStats()
     start = time.perf_counter()
     episodes = [
-        _start_episode(env_name, env_kwargs, seed, gid, tokenizer, cfg, stats) for seed, gid in zip(seeds, group_ids)
+        _start_episode(spec, seed, gid, tokenizer, cfg, stats) for spec, seed, gid in zip(specs, seeds, group_ids)
     ]
     with reuse_prefixes(backend):  # an episode's next turn starts from the keys/values of its last one
         for turn in range(cfg.max_turns):
@@ -139,13 +147,13 @@ def turn_seed(episode_seed: int, turn: int) -> int:
 
 
 def _start_episode(
-    env_name: str, env_kwargs: dict, seed: int, group_id: int, tokenizer: PreTrainedTokenizerBase,
-    cfg: RolloutConfig, stats: RolloutStats,
+    spec: TaggedEnv, seed: int, group_id: int, tokenizer: PreTrainedTokenizerBase, cfg: RolloutConfig,
+    stats: RolloutStats,
 ) -> _Episode:
-    traj = Trajectory(env_name=env_name, seed=seed, group_id=group_id)
+    traj = Trajectory(env_name=spec.name, seed=seed, group_id=group_id, tag=spec.tag)
     t0 = time.perf_counter()
     try:
-        env = envs.make(env_name, **env_kwargs)
+        env = envs.make(spec.name, **spec.kwargs)
         observation, _ = env.reset(seed=seed)
     except Exception as exc:  # a broken env ends its episode, not the rollout
         traj.error = f"{type(exc).__name__}: {exc}"

@@ -56,3 +56,4 @@ class Trajectory:
     # Updates the policy had taken when it sampled this episode (the run's step count then): with
     # asynchronous training the update at step s trains on it with staleness s - 1 - policy_version.
     policy_version: int = 0
+    tag: str = ""  # the mixture entry it was played for (ragen2.mixture); the env name outside a mixture

@@ -55,6 +55,7 @@ class Pairs:
     reasonings: list[list[int]]  # M non-empty token-id sequences Z_m
     source: list[int]  # M column indices i(m)
     valid_thinking_rate: float  # share of the turns considered whose reasoning was non-empty
+    column_tags: list[str] = field(default_factory=list)  # P: the mixture tag of each input (ragen2.mixture)
 
 
 @dataclass
@@ -68,10 +69,12 @@ class StepResult:
 class OnlineDiagnostics:
     """MI proxies on the training batch at step 1 and every `compute_freq` steps, plus the alarm."""
 
-    def __init__(self, config: CollapseConfig, seed: int, run: Config | None = None) -> None:
-        """`run`: the whole run's config, for the advice of the alarm's message (None: the defaults')."""
+    def __init__(self, config: CollapseConfig, seed: int, run: Config | None = None, per_tag: bool = False) -> None:
+        """`run`: the whole run's config, for the advice of the alarm's message (None: the defaults').
+        `per_tag`: also the proxies within each mixture tag (`collapse_<scheme>/<tag>/<metric>`, `tag_metrics`)."""
         self.config = config
         self.seed = seed
+        self.per_tag = per_tag
         # The paper's two schemes, then one per later turn index when collapse.per_turn asks for it.
         self.schemes = SCHEMES + tuple(f"turn_{k}" for k in range(2, config.per_turn + 1))
         self.ema: dict[str, EmaState | None] = {scheme: None for scheme in self.schemes}
@@ -141,6 +144,33 @@ class OnlineDiagnostics:
             self.ema[scheme] = result.pop("ema_state")
             prefix = f"collapse_{scheme}/"
             out.update({prefix + key: float(value) for key, value in result.items() if math.isfinite(value)})
+            if self.per_tag:
+                out.update(self.tag_metrics(scheme, logp, pairs))
+        return out
+
+    def tag_metrics(self, scheme: str, logp: np.ndarray, pairs: Pairs) -> dict[str, float]:
+        """The proxies of each tag alone, `collapse_<scheme>/<tag>/<metric>`: its reasonings scored against its
+        inputs only (logp [M, P] restricted to the tag's rows and columns), so the marginal is over that
+        environment's inputs and chance is one in its input count. Each tag keeps its own MI-ZScore-EMA."""
+        out = {}
+        for tag in dict.fromkeys(pairs.column_tags):
+            cols = [j for j, t in enumerate(pairs.column_tags) if t == tag]
+            rows = [m for m, j in enumerate(pairs.source) if pairs.column_tags[j] == tag]
+            if not rows:
+                continue
+            where = {j: k for k, j in enumerate(cols)}
+            key = f"{scheme}/{tag}"
+            result = mi_metrics(
+                logp[np.ix_(rows, cols)],
+                np.array([where[pairs.source[m]] for m in rows]),
+                lengths=np.array([len(pairs.reasonings[m]) for m in rows]),
+                input_ids=[pairs.prompts[j] for j in cols],
+                ks=RECALL_KS,
+                ema_state=self.ema.get(key),
+                marginal=self.config.marginal,
+            )
+            self.ema[key] = result.pop("ema_state")
+            out.update({f"collapse_{key}/{k}": float(v) for k, v in result.items() if math.isfinite(v)})
         return out
 
     def state_dict(self) -> dict[str, Any]:
@@ -153,6 +183,37 @@ class OnlineDiagnostics:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.ema = {scheme: EmaState(**s) if s is not None else None for scheme, s in state["ema"].items()}
         self.alarm.load_state_dict(state["alarm"])
+
+
+def held_out_proxies(
+    model: torch.nn.Module, tokenizer: Any, trajectories: Sequence[Trajectory], config: CollapseConfig, seed: int
+) -> dict[str, float]:
+    """The first-turn proxies of each tag's held-out episodes, `collapse_eval/<tag>/<metric>`: does the reasoning
+    still depend on its input where the policy was never trained, such as an out-of-distribution variant?
+
+    Per tag, up to `config.num_samples` first-turn reasonings scored against that tag's held-out first prompts
+    (one per seed), all tags in one scoring pass. An evaluation replays the same seeds, so there is no EMA:
+    the z-score's scale is each evaluation's own.
+    """
+    parts = {}
+    for traj in trajectories:
+        parts.setdefault(traj.tag, []).append(traj)
+    drawn = {tag: turn_pairs(part, 0, config.num_samples, np.random.default_rng([seed % 2**63, i]))
+             for i, (tag, part) in enumerate(parts.items())}
+    out = {f"collapse_eval/{tag}/valid_thinking_rate": pairs.valid_thinking_rate for tag, pairs in drawn.items()}
+    scored = [tag for tag, pairs in drawn.items() if pairs.reasonings]
+    out |= {f"collapse_eval/{tag}/num_pairs": 0.0 for tag in drawn if tag not in scored}
+    if not scored:
+        return out
+    matrices = score_matrices(model, tokenizer, [(drawn[t].prompts, drawn[t].reasonings) for t in scored],
+                              micro_batch_size=config.micro_batch_size)
+    for tag, logp in zip(scored, matrices):  # logp [M, P]
+        pairs = drawn[tag]
+        result = mi_metrics(logp, np.array(pairs.source), lengths=np.array([len(z) for z in pairs.reasonings]),
+                            input_ids=pairs.prompts, ks=RECALL_KS, marginal=config.marginal)
+        out |= {f"collapse_eval/{tag}/{key}": float(value) for key, value in result.items()
+                if key not in ("ema_state", "mi_zscore_ema", "marginal_std_ema") and math.isfinite(value)}
+    return out
 
 
 def summary_rows(records: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
@@ -205,11 +266,13 @@ def turn_pairs(trajectories: Sequence[Trajectory], turn: int, num_samples: int, 
     one of their reasonings was drawn: the marginal is over the batch's inputs.
     """
     columns: dict[tuple[int, tuple[int, ...]], int] = {}
+    tags: list[str] = []  # each column's tag
     candidates: list[tuple[int, list[int]]] = []  # (column, Z) of every such turn with reasoning
     reached = [t for t in trajectories if len(t.turns) > turn]
     for traj in reached:
         this = traj.turns[turn]
         column = columns.setdefault((traj.group_id, tuple(this.prompt_ids)), len(columns))
+        tags += [traj.tag] * (len(columns) - len(tags))
         z = reasoning_ids(this)
         if z:
             candidates.append((column, z))
@@ -219,6 +282,7 @@ def turn_pairs(trajectories: Sequence[Trajectory], turn: int, num_samples: int, 
         reasonings=[candidates[i][1] for i in picked],
         source=[candidates[i][0] for i in picked],
         valid_thinking_rate=len(candidates) / len(reached) if reached else 0.0,
+        column_tags=tags,
     )
 
 
@@ -229,7 +293,7 @@ def trajectory_pairs(trajectories: Sequence[Trajectory], num_samples: int, rng: 
     dropped after drawing, and `valid_thinking_rate` is the share of draws that were kept.
     """
     with_turns = [t for t in trajectories if t.turns]
-    prompts, reasonings = [], []
+    prompts, reasonings, tags = [], [], []
     drawn = num_samples if with_turns else 0
     for _ in range(drawn):
         traj = with_turns[rng.integers(len(with_turns))]
@@ -238,9 +302,11 @@ def trajectory_pairs(trajectories: Sequence[Trajectory], num_samples: int, rng: 
         if z:
             prompts.append(list(turn.prompt_ids))
             reasonings.append(z)
+            tags.append(traj.tag)
     return Pairs(
         prompts=prompts,
         reasonings=reasonings,
         source=list(range(len(reasonings))),
         valid_thinking_rate=len(reasonings) / drawn if drawn else 0.0,
+        column_tags=tags,
     )

@@ -25,6 +25,8 @@ BOX_OFF_TARGET_REWARD = -1.0
 SOLVED_REWARD = 10.0
 
 WALL, FLOOR, TARGET, BOX, BOX_ON_TARGET, PLAYER, PLAYER_ON_TARGET = "#", "_", "O", "X", "√", "P", "S"
+SYMBOLS = WALL + FLOOR + TARGET + BOX + BOX_ON_TARGET + PLAYER + PLAYER_ON_TARGET  # the `symbols` kwarg's order
+_SYMBOL_NAMES = ("wall", "floor", "target", "box", "box on target", "player", "player on target")
 
 # Shapes carved around the random walker when making the room topology: a cell,
 # a horizontal or vertical pair, an L and a 2x2 block give rooms with nooks and corridors.
@@ -257,6 +259,8 @@ class SokobanEnv(TextEnv):
     0-indexed coordinates, e.g.
     `Player at (row 2, col 3); box at (row 3, col 3); target at (row 4, col 3).`
     ("boxes"/"targets" and comma-separated cells when there are several).
+    `symbols` (7 characters, in the order above) draws the grid with others, an
+    out-of-distribution variant; the instruction's legend names them.
 
     ## Rewards
     -0.1 per valid action, +1 per box pushed onto a target, -1 per box pushed
@@ -294,8 +298,14 @@ class SokobanEnv(TextEnv):
         max_actions: int = 10,
         min_solution_length: int = 2,
         max_solution_length: int | None = None,
+        symbols: str = SYMBOLS,
     ) -> None:
         # Defaults: RAGEN's Sokoban setting (6x6, one box, 30 reverse steps, 5 turns x 2 actions).
+        if len(symbols) != len(SYMBOLS) or len(set(symbols)) != len(SYMBOLS) or any(ch.isspace() for ch in symbols):
+            raise ConfigError(
+                f"symbols={symbols!r} is not allowed: use {len(SYMBOLS)} distinct non-blank characters for "
+                f"{', '.join(_SYMBOL_NAMES)}, in that order (default {SYMBOLS!r})"
+            )
         if num_boxes < 1:
             raise ConfigError(f"num_boxes={num_boxes} is not allowed: use an integer >= 1")
         dim_room = tuple(dim_room)
@@ -320,6 +330,13 @@ class SokobanEnv(TextEnv):
         self.max_actions = max_actions
         self.min_solution_length = min_solution_length
         self.max_solution_length = max_solution_length
+        self.symbols = symbols
+        self._redraw = str.maketrans(SYMBOLS, symbols)
+        if symbols != SYMBOLS:  # the instruction names the symbols the grid shows
+            legend = ", ".join(f"{ch} {name}" for ch, name in zip(symbols, _SYMBOL_NAMES))
+            self.instruction = type(self).instruction.replace(
+                ", ".join(f"{ch} {name}" for ch, name in zip(SYMBOLS, _SYMBOL_NAMES)), legend
+            )
         self._room: Room | None = None
         self._actions_taken = 0
         self._done = False
@@ -347,13 +364,13 @@ class SokobanEnv(TextEnv):
             )
         self._actions_taken = 0
         self._done = False
-        return self._room.text(), {}
+        return self.room_text(), {}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         room = self._require_running()
         name = _BY_LOWER.get(" ".join(str(action).split()).lower())
         if name is None:
-            return room.text(), 0.0, False, False, dict(_INVALID_INFO)
+            return self.room_text(), 0.0, False, False, dict(_INVALID_INFO)
         player, boxes = room.move(room.player, room.boxes, MOVES[name])
         # One push moves one box, so the count of boxes on targets changes by -1, 0 or +1.
         delta = len(boxes & room.targets) - len(room.boxes & room.targets)
@@ -367,7 +384,7 @@ class SokobanEnv(TextEnv):
         truncated = not success and self._actions_taken >= self.max_actions
         self._done = success or truncated
         info = {"action_is_valid": True, "action_is_effective": effective, "success": success}
-        return room.text(), reward, success, truncated, info
+        return self.room_text(), reward, success, truncated, info
 
     def solve(self) -> list[str] | None:
         """A shortest list of actions that puts every box on a target from the current state."""
@@ -377,8 +394,9 @@ class SokobanEnv(TextEnv):
         return list(MOVES)
 
     def room_text(self) -> str:
-        """The observation text of the current state."""
-        return self._require_room().text()
+        """The observation text of the current state: the grid in `symbols`, then the coordinates line."""
+        grid, coords = self._require_room().text().rsplit("\n", 1)
+        return grid.translate(self._redraw) + "\n" + coords
 
     @property
     def player(self) -> Cell:

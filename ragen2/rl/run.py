@@ -24,6 +24,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ragen2.agent import GenerationBackend
 from ragen2.collapse.online import OnlineDiagnostics
+from ragen2.mixture import is_mixture, label
 from ragen2.config import Config, config_from_file, save_config, to_dict
 from ragen2.errors import CheckpointError, ConfigError
 from ragen2.models.loading import (
@@ -172,7 +173,7 @@ def _build_run(config: Config, run_dir: Path, checkpoint: Checkpoint | None) -> 
         run_dir, to_dict(config), tensorboard=config.logging.tensorboard,
         wandb=config.logging.wandb, wandb_project=config.logging.wandb_project,
     ) if distributed.is_main() else distributed.SilentTracker()
-    diagnostics = OnlineDiagnostics(config.collapse, config.trainer.seed, run=config)
+    diagnostics = OnlineDiagnostics(config.collapse, config.trainer.seed, run=config, per_tag=is_mixture(config))
     run = Run(config, run_dir, device, policy, tokenizer, optimizer, tracker, diagnostics, critic, critic_optimizer,
               reference, EarlyStopGuards(config.early_stop), kl_controller(config), trainee=trainee)
     if checkpoint is not None:
@@ -212,8 +213,9 @@ def run_header(config: Config, run_dir: Path, device: torch.device) -> str:
 
 
 def task_name(config: Config) -> str:
-    """What the run trains on: env.name, or `agent:FILE:FUNCTION` for agent.entrypoint."""
-    return agent_name(config.agent.entrypoint) if config.agent.entrypoint else config.env.name
+    """What the run trains on: env.name, the mixture's tags joined by `+`, or `agent:FILE:FUNCTION` for
+    agent.entrypoint."""
+    return agent_name(config.agent.entrypoint) if config.agent.entrypoint else label(config)
 
 
 def _count(n: int, noun: str) -> str:

@@ -50,6 +50,7 @@ def summary_table(run: Run) -> str:
     rows.append(("run dir", str(run.run_dir)))
     if run.stop_reason:
         rows.append(("stopped early", run.stop_reason))
+    tags = tag_table(records)
     steps = ("steps", f"{run.step} / {run.config.trainer.total_steps}")
     width = max(len(name) for name, _ in [steps, *rows, *trends])
     lines = [f"{steps[0].ljust(width)}  {steps[1]}"]
@@ -57,7 +58,52 @@ def summary_table(run: Run) -> str:
         block = [("", ["first (step)", "last (step)", "peak (step)"]), *trends]
         cell = max(len(c) for _, cells in block for c in cells)
         lines += ["  ".join([name.ljust(width), *(c.ljust(cell) for c in cells)]).rstrip() for name, cells in block]
-    return "\n".join(lines + [f"{name.ljust(width)}  {value}" for name, value in rows])
+    return "\n".join(lines + [f"{name.ljust(width)}  {value}" for name, value in rows] + tags)
+
+
+def tag_table(records: list[dict]) -> list[str]:
+    """A mixture's tags side by side (lines of a table; none without per-tag metrics): the last evaluation's
+    success ± SE and pass@k, the last step's training success, the filter's mean kept ratio, the last MI check and
+    the last evaluation's first-turn Retrieval-Acc on held-out episodes."""
+    tags = list(dict.fromkeys(key.split("/")[1] for namespace in ("rollout/", "eval/") for r in records for key in r
+                              if key.count("/") == 2 and key.startswith(namespace) and key.endswith("/success_rate")))
+    if not tags:
+        return []
+
+    def last(key: str) -> dict | None:
+        return next((r for r in reversed(records) if _finite(r, key)), None)
+
+    def cell(tag: str, key: str, se: bool = False) -> str:
+        r = last(key.format(tag=tag))
+        if r is None:
+            return "-"
+        value = r[key.format(tag=tag)]
+        err = binomial_se(value, r.get(f"eval/{tag}/episodes")) if se else None
+        return f"{value:.3f}" + (f" ± {err:.3f}" if err is not None else "")
+
+    def mean_kept(tag: str) -> str:
+        kept = [r[f"filter/{tag}/kept_ratio"] for r in records if _finite(r, f"filter/{tag}/kept_ratio")]
+        return f"{np.mean(kept):.3f}" if kept else "-"
+
+    pass_key = next((k for r in records for k in r if k.startswith("eval/") and "/pass@" in k), None)
+    rows = [("eval success (last)", [cell(t, "eval/{tag}/success_rate", se=True) for t in tags])]
+    if pass_key is not None:
+        k = pass_key.rsplit("@", 1)[1]
+        rows.append((f"eval pass@{k} (last)", [cell(t, "eval/{tag}/pass@" + k) for t in tags]))
+    rows += [
+        ("train success (last)", [cell(t, "rollout/{tag}/success_rate") for t in tags]),
+        ("filter kept ratio (mean)", [mean_kept(t) for t in tags]),
+        ("Retrieval-Acc first turn", [cell(t, "collapse_first_turn/{tag}/retrieval_acc") for t in tags]),
+        ("MI-ZScore-EMA first turn", [cell(t, "collapse_first_turn/{tag}/mi_zscore_ema") for t in tags]),
+        ("Retrieval-Acc held out", [cell(t, "collapse_eval/{tag}/retrieval_acc") for t in tags]),
+    ]
+    width = max(len(name) for name, _ in rows)
+    widths = [max(len(c) for c in column) for column in zip(tags, *(cs for _, cs in rows))]  # one per tag
+
+    def line(name: str, cells: list[str]) -> str:
+        return (name.ljust(width) + "  " + "  ".join(c.ljust(w) for c, w in zip(cells, widths))).rstrip()
+
+    return ["", line("per tag", tags)] + [line(name, cs) for name, cs in rows]
 
 
 def _trend_specs() -> list[tuple[str, str, str, StandardError | None, Words | None]]:

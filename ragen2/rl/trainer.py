@@ -61,12 +61,21 @@ from ragen2.agent.rollout import stable_seed
 from ragen2.agent.vllm_backend import VLLMBackend
 from ragen2.collapse.alarm import AlarmDecision
 from ragen2.collapse.grad_snr import grad_snr_probe, group_reward_variance
+from ragen2.collapse.online import held_out_proxies
 from ragen2.collapse.turn_signal import turn_signal_metrics
-from ragen2.config import Config, validate
+from ragen2.config import Config, FilterConfig, validate
 from ragen2.envs import EVAL_SEED_OFFSET
 from ragen2.errors import ConfigError, DivergedError
-from ragen2.evaluate import evaluate, evaluate_agent, write_rollout_records
-from ragen2.filtering import group_stats, loss_scale, select_anchor_turns, select_groups, select_trajectories
+from ragen2.evaluate import evaluate, evaluate_agent, evaluate_mixture, write_rollout_records
+from ragen2.filtering import (
+    group_stats,
+    loss_scale,
+    select_anchor_turns,
+    select_groups,
+    select_groups_by_tag,
+    select_trajectories,
+)
+from ragen2.mixture import eval_envs, is_mixture, per_group, tagged_metrics, training_envs
 from ragen2.models.loading import resolve_device
 from ragen2.progress import Progress
 from ragen2.rl import distributed, fsdp
@@ -277,6 +286,8 @@ def rollout_phase(run: Run, step: int) -> tuple[list[Trajectory], dict[str, floa
     base = derived_seed(cfg.trainer.seed, step, "env") % (EVAL_SEED_OFFSET - P)  # below the held-out seeds
     seeds, group_ids = group_seeds(base, P, G)
     sample_seeds = [derived_seed(cfg.trainer.seed, step, f"sample/{i}") for i in range(P * G)]
+    group_envs = per_group(training_envs(cfg))  # [P]: group g plays group_envs[g]
+    episode_envs = [group_envs[g] for g in group_ids]
     groups = distributed.group_range(P)
     mine = slice(groups.start * G, groups.stop * G)  # this rank's episodes, group-major
     torch.manual_seed(derived_seed(cfg.trainer.seed, step, "rollout"))
@@ -288,17 +299,22 @@ def rollout_phase(run: Run, step: int) -> tuple[list[Trajectory], dict[str, floa
         else:
             trajectories = rollout(
                 backend_of(run), run.tokenizer, cfg.env.name, cfg.env.kwargs, seeds[mine], group_ids[mine],
-                cfg=cfg.rollout, stats=stats, sample_seeds=sample_seeds[mine],
+                cfg=cfg.rollout, stats=stats, sample_seeds=sample_seeds[mine], episode_envs=episode_envs[mine],
             )
     for t in trajectories:
         t.policy_version = step - 1  # the updates of steps 1 .. step-1 made the weights that sampled it
     trajectories = distributed.gather_objects(trajectories)  # all P x G, in group order, on every rank
-    returns = np.array([t.episode_return for t in trajectories])
-    metrics = summarize(trajectories) | turn_signal_metrics(trajectories, cfg.algo.gamma) | {
-        "rollout/return_std": float(returns.std()),
+    metrics = rollout_metrics(trajectories) | turn_signal_metrics(trajectories, cfg.algo.gamma) | {
         "timing_s/generate": stats.generate_s,
     }
+    if is_mixture(cfg):
+        metrics |= tagged_metrics(rollout_metrics, trajectories, [t.tag for t in trajectories])
     return trajectories, metrics
+
+
+def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
+    """`summarize`'s rates and means, and the spread of the episode returns."""
+    return summarize(trajectories) | {"rollout/return_std": float(np.std([t.episode_return for t in trajectories]))}
 
 
 def save_training_samples(run: Run, step: int, trajectories: list[Trajectory]) -> None:
@@ -377,16 +393,19 @@ def filter_phase(run: Run, trajectories: list[Trajectory]) -> tuple[list[Traject
     with `filter.level=anchor`, GiGPO's anchor-state groups instead of prompt groups (`anchor_filter`)."""
     f, P, G = run.config.filter, run.config.rollout.num_groups, run.config.rollout.group_size
     rewards = np.array([t.episode_return for t in trajectories]).reshape(P, G)  # [P, G], group-major
+    tags = [t.tag for t in trajectories[::G]]  # [P], each group's tag
     metrics = {f"rollout/{k}": v for k, v in group_stats(rewards, f.ddof, f.zero_tol).items()}
     if f.level == "anchor":
         kept_trajectories, metrics["filter/kept_turn_ratio"] = anchor_filter(run, trajectories)
         kept = {t.group_id for t in kept_trajectories}
     else:
         scores = _measured_scores(run, trajectories, f.metric)  # [P, G] for length / entropy, else None
-        kept_groups = select_groups(
-            rewards, f.strategy, f.value, f.metric, f.include_zero, f.ddof, f.order, scores,
-            selection_eps=f.selection_eps, zero_tol=f.zero_tol,
-        )
+        rule = dict(strategy=f.strategy, value=f.value, metric=f.metric, include_zero=f.include_zero, ddof=f.ddof,
+                    order=f.order, selection_eps=f.selection_eps, zero_tol=f.zero_tol)
+        if f.scope == "tag":
+            kept_groups = select_groups_by_tag(rewards, tags, scores, **rule)
+        else:
+            kept_groups = select_groups(rewards, scores=scores, **rule)
         kept = set(kept_groups.tolist())
         spread = select_trajectories(rewards, f.trajectory_keep).reshape(-1)  # [P*G]; all True at trajectory_keep=1
         kept_trajectories = [t for t, keep in zip(trajectories, spread) if keep and t.group_id in kept and t.samples]
@@ -395,6 +414,8 @@ def filter_phase(run: Run, trajectories: list[Trajectory]) -> tuple[list[Traject
         "filter/kept_groups": float(len(kept)),
         "filter/skipped": float(not kept),
     }
+    if is_mixture(run.config):
+        metrics |= tagged_metrics(lambda ids: _group_metrics(rewards[ids], ids, kept, f), range(P), tags)
     return kept_trajectories, metrics
 
 
@@ -405,6 +426,12 @@ def staleness_metrics(kept: list[Trajectory], step: int) -> dict[str, float]:
     return {"async/staleness_mean": float(lag.mean()), "async/staleness_max": float(lag.max())} | {
         f"async/staleness_frac_{k}": float((lag == k).mean()) for k in range(5)
     }
+
+
+def _group_metrics(rewards: np.ndarray, ids: list[int], kept: set[int], f: FilterConfig) -> dict[str, float]:
+    """One tag's reward-variance statistics and kept ratio; rewards [p, G] of its groups `ids`."""
+    stats = {f"rollout/{k}": v for k, v in group_stats(rewards, f.ddof, f.zero_tol).items()}
+    return stats | {"filter/kept_ratio": len(kept.intersection(ids)) / len(ids)}
 
 
 def anchor_filter(run: Run, trajectories: list[Trajectory]) -> tuple[list[Trajectory], float]:
@@ -714,6 +741,13 @@ def _evaluate(run: Run, step: int) -> dict[str, float]:
                 agent_of(run), cfg.trainer.eval_episodes, agent_sampling(cfg, cfg.trainer.eval_temperature),
                 derived_seed(cfg.trainer.seed, step, "evaluate"),
             )
+        elif is_mixture(cfg):
+            metrics, trajectories = evaluate_mixture(
+                run.policy, run.tokenizer, eval_envs(cfg), rollout_cfg, cfg.rollout.group_size
+            )
+            if cfg.collapse.enable:
+                seed = derived_seed(cfg.trainer.seed, step, "collapse_eval")
+                metrics |= held_out_proxies(run.policy, run.tokenizer, trajectories, cfg.collapse, seed)
         else:
             metrics, trajectories = evaluate(
                 run.policy, run.tokenizer, cfg.env.name, cfg.env.kwargs, rollout_cfg, cfg.trainer.eval_episodes

@@ -32,6 +32,11 @@ STEPS = 2
 
 
 FSDP_OVERRIDES = ("model.fsdp=true",)  # the policy's training copy and PPO's critic sharded over the processes
+# Two tags of 2 groups each, filtered within each tag and evaluated on a third environment as well.
+MIXTURE_OVERRIDES = (
+    "env.mixture=[{name: bandit, tag: train-names, groups: 2}, {name: bandit, kwargs: {split: test}, tag: test-names, "
+    "groups: 2}]", "env.eval=[{tag: test-names}, {name: frozenlake, tag: lake, episodes: 8}]", "filter.scope=tag",
+)
 
 
 def tiny_config(policy_dir: Path, run_dir: Path, *overrides: str) -> Config:
@@ -47,10 +52,11 @@ def tiny_config(policy_dir: Path, run_dir: Path, *overrides: str) -> Config:
     ])
 
 
-def launch(processes: int, policy_dir: Path, run_dir: Path, resume: bool = False, fsdp: bool = False) -> None:
+def launch(processes: int, policy_dir: Path, run_dir: Path, resume: bool = False, fsdp: bool = False,
+           mixture: bool = False) -> None:
     """Train in `processes` fresh processes under torchrun, as a user would launch them."""
     script = [str(Path(__file__)), str(policy_dir), str(run_dir)] + (["--resume"] if resume else []) + (
-        ["--fsdp"] if fsdp else [])
+        ["--fsdp"] if fsdp else []) + (["--mixture"] if mixture else [])
     launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     result = subprocess.run([sys.executable, *launcher, *script], env=env, capture_output=True, text=True, timeout=300)
@@ -138,6 +144,22 @@ def test_fsdp_over_two_processes_trains_like_one_unsharded_process_and_resumes(p
     assert torch.allclose(weights(resumed / "checkpoints" / "step_2"), w2, atol=1e-6)
 
 
+@pytest.mark.slow
+def test_two_processes_train_on_a_mixture_like_one(policy_dir, tmp_path, monkeypatch, one_thread):
+    one, two = tmp_path / "one", tmp_path / "two"
+    record_kept_groups(monkeypatch.setattr)
+    trainer.train(tiny_config(policy_dir, one, *MIXTURE_OVERRIDES))
+    launch(2, policy_dir, two, mixture=True)  # rank 0 rolls out the train-names groups, rank 1 the test-names ones
+
+    selections = kept_groups(one, 0)  # top_k 0.5 within each tag: one group of each
+    assert all(len(groups) == 2 and groups[0] < 2 <= groups[1] for groups in selections.values())
+    assert kept_groups(two, 0) == kept_groups(two, 1) == selections
+    records = read_metrics(one)
+    assert all(r["filter/train-names/kept_ratio"] == r["filter/test-names/kept_ratio"] == 0.5 for r in records[1:])
+    assert {"eval/lake/pass@4", "rollout/test-names/success_rate"} <= set(records[-1])
+    assert_same_metrics(read_metrics(two), records)
+
+
 @pytest.mark.parametrize("overrides", [("model.lora_rank=8",), ("grad_snr.enable=true",)])
 def test_fsdp_refuses_what_it_cannot_shard(policy_dir, tmp_path, overrides):
     with pytest.raises(ConfigError, match="model.fsdp=true does not work with"):
@@ -189,5 +211,6 @@ if __name__ == "__main__":  # one training process, launched by `launch`
     policy, run_dir = Path(sys.argv[1]), Path(sys.argv[2])
     torch.set_num_threads(1)
     record_kept_groups()
-    overrides = FSDP_OVERRIDES if "--fsdp" in sys.argv[3:] else ()
+    overrides = (FSDP_OVERRIDES if "--fsdp" in sys.argv[3:] else ()) + (
+        MIXTURE_OVERRIDES if "--mixture" in sys.argv[3:] else ())
     trainer.train(tiny_config(policy, run_dir, *overrides), resume_dir=run_dir if "--resume" in sys.argv[3:] else None)

@@ -151,3 +151,28 @@ def test_verdicts_first_to_last_on_a_hand_written_log(tmp_path):
     # The verdict rows follow the trend block, before the other name / value rows.
     labels = [line.split("  ")[0] for line in table.splitlines()]
     assert labels.index("MI-ZScore-EMA (first turn)") < labels.index("Δ eval success") < labels.index("run dir")
+
+
+def test_a_mixtures_tags_stand_side_by_side_training_tags_first():
+    from ragen2.rl.summary import tag_table
+
+    records = [
+        {"step": 0, "eval/a/success_rate": 0.25, "eval/a/episodes": 16, "eval/ood/success_rate": 0.0,
+         "eval/ood/episodes": 16, "eval/a/pass@4": 0.5, "eval/ood/pass@4": 0.0},
+        {"step": 1, "rollout/a/success_rate": 0.5, "rollout/b/success_rate": 0.125, "filter/a/kept_ratio": 1.0,
+         "filter/b/kept_ratio": 0.5, "collapse_first_turn/a/retrieval_acc": 0.75},
+        {"step": 2, "rollout/a/success_rate": 0.375, "rollout/b/success_rate": 0.25, "filter/a/kept_ratio": 0.5,
+         "filter/b/kept_ratio": 0.0, "eval/a/success_rate": 0.5, "eval/a/episodes": 16, "eval/ood/success_rate": 0.25,
+         "eval/ood/episodes": 16, "eval/a/pass@4": 0.75, "eval/ood/pass@4": 0.25},
+    ]
+    lines = tag_table(records)
+    assert lines[1].split() == ["per", "tag", "a", "b", "ood"]
+    row = {line[:24].strip(): re.split(r"\s{2,}", line[24:].strip()) for line in lines[2:]}
+    # SEs: sqrt(.5 * .5 / 16) and sqrt(.25 * .75 / 16)
+    assert row["eval success (last)"] == ["0.500 ± 0.125", "-", "0.250 ± 0.108"]
+    assert row["eval pass@4 (last)"] == ["0.750", "-", "0.250"]
+    assert row["train success (last)"] == ["0.375", "0.250", "-"]
+    assert row["filter kept ratio (mean)"] == ["0.750", "0.250", "-"]
+    assert row["Retrieval-Acc first turn"] == ["0.750", "-", "-"]
+    assert row["Retrieval-Acc held out"] == ["-", "-", "-"]
+    assert tag_table([{"step": 1, "rollout/success_rate": 0.5}]) == []  # one environment: no block
