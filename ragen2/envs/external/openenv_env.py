@@ -57,7 +57,8 @@ class OpenEnvEnv(TextEnv):
     Terminated when the observation says `done`; truncated after `max_actions` actions.
 
     ## Info
-    action_is_valid, success (the episode ended with a reward of at least `success_reward`).
+    - `action_is_valid` (bool): the action class accepted the text.
+    - `success` (bool): the episode ended (`done`) with a reward of at least `success_reward`.
     """
 
     info_keys: ClassVar[frozenset[str]] = frozenset({"action_is_valid", "success"})
