@@ -39,6 +39,7 @@ from ragen2.models.warmstart import (
     INFO_FILE,
     WarmStartConfig,
     default_cache_dir,
+    demo_env,
     demo_samples,
     make_config,
     make_demos,
@@ -99,6 +100,12 @@ def make_base_config(base: str, seed: int = 0, lora_rank: int = 16, eval_episode
         raise ConfigError(
             f"warmstart --base {base}: {', '.join(misplaced)} set(s) the tiny model's architecture, which a "
             "pretrained base does not have; drop it, or use --lora-rank for the size of the update"
+        )
+    tool_variants = [e for e in settings.get("envs", ()) if demo_env(e)[1]]
+    if tool_variants:
+        raise ConfigError(
+            f"warmstart --base {base}: {', '.join(tool_variants)}: tool-calling demonstrations teach the tiny policy "
+            "only, since the held-out evaluation of a base runs the plain presets; drop --base, or name the plain envs"
         )
     return BaseWarmStartConfig(
         base=base, demos=make_config(seed, BASE_DEFAULTS | settings), lora_rank=lora_rank, eval_episodes=eval_episodes

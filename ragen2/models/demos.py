@@ -26,6 +26,11 @@ The other environments (Countdown, math, SearchQA, code, WebShop) act as their o
 says from the current state (`solver_demo`); the reasoning restates what the answer depends
 on (the numbers and the target, the question, the task) or, for the multi-turn ones, says why
 this action comes next (the title to look up, the option the instruction asks for).
+
+Environments that declare tools also have tool-calling demonstrations (`play_demo(..., tool_calls=True)`):
+the same oracle's reasoning, then its action as a native call, `reasoning</think><tool_call>{json}</tool_call>`,
+with the tool instruction and tool schemas as the system prompt and each result returned as a `tool`
+message, as `rollout.tool_calls=true` lays an episode out.
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ from transformers import PreTrainedTokenizerBase
 
 from ragen2 import envs
 from ragen2.agent.conversation import Conversation
-from ragen2.agent.parsing import parse_response
+from ragen2.agent.parsing import ResponseFormat, parse_response
+from ragen2.agent.tool_calls import ToolCall, parse_tool_turn, render_tool_calls
 from ragen2.envs.bandit import BanditEnv
 from ragen2.envs.base import TextEnv
 from ragen2.envs.codeexec import CodeEnv
@@ -366,11 +372,32 @@ def demo_response(env: TextEnv, max_actions: int, rng: np.random.Generator, orac
     return oracle(env, max_actions, rng)
 
 
+def tool_call(env: TextEnv, action: str) -> ToolCall:
+    """The call of one of `env.tools` that `env.tool_action` turns into `action` (`search[x]` -> search(query=x))."""
+    for tool in env.tools:
+        function = tool["function"]
+        name = function["name"]
+        if action.startswith(f"{name}[") and action.endswith("]"):
+            for parameter in function["parameters"]["required"]:
+                call = ToolCall(name, {parameter: action[len(name) + 1 : -1]})
+                if env.tool_action(call.name, call.arguments) == action:
+                    return call
+    names = ", ".join(tool["function"]["name"] for tool in env.tools) or "none"
+    raise ConfigError(f"{type(env).__name__}: no tool call stands for the action {action!r} (its tools: {names})")
+
+
+def tool_response(env: TextEnv, response: str, max_actions: int) -> str:
+    """An oracle's `reasoning</think><answer>A</answer>` as native calls: `reasoning</think><tool_call>..</tool_call>`."""
+    parsed = parse_response(response, max_actions)
+    return f"{parsed.reasoning}{THINK_CLOSE}" + render_tool_calls([tool_call(env, a) for a in parsed.actions])
+
+
 @dataclass
 class DemoTurn:
     observation: str  # the state text shown this turn
     actions_left: int  # the action budget shown with it
     response: str  # the oracle's response (what follows `<think>`)
+    tool_results: list[str] | None = None  # tool calling: the previous turn's results, shown in place of the state
 
 
 @dataclass
@@ -382,35 +409,48 @@ class DemoEpisode:
     system_prompt: str
     turns: list[DemoTurn] = field(default_factory=list)
     success: bool = False
+    tools: list[dict] | None = None  # tool calling: the environment's tool schemas
 
     def conversation(self, tokenizer: PreTrainedTokenizerBase, context_turns: int | None = None) -> Conversation:
         """The episode in the agent layer's token layout, exactly as a rollout of it would be stored."""
-        conv = Conversation(tokenizer, self.system_prompt, context_turns)
+        conv = Conversation(tokenizer, self.system_prompt, context_turns, tools=self.tools)
         for turn in self.turns:
-            conv.add_observation(turn.observation, turn.actions_left)
+            conv.add_observation(turn.observation, turn.actions_left, turn.tool_results)
             conv.add_response_text(turn.response)
         return conv
 
 
 def play_demo(
     env_name: str, env_kwargs: dict, seed: int, max_turns: int, max_actions_per_turn: int, rng: np.random.Generator,
-    oracles: dict[type[TextEnv], Oracle] = ORACLES,
+    oracles: dict[type[TextEnv], Oracle] = ORACLES, tool_calls: bool = False,
 ) -> DemoEpisode:
     """Play one episode with the oracle, following the rollout loop's rules.
 
     As in `ragen2.agent.rollout`: the budget shown starts at `env.max_actions` and falls by
     one per executed action; the episode ends on termination, truncation or after `max_turns`.
+    With `tool_calls` the actions are native tool calls (`tool_response`), parsed back as the
+    rollout parses them, and each executed call's result is the next turn's `tool` message.
     """
     env = envs.make(env_name, **env_kwargs)
     observation, _ = env.reset(seed=seed)
-    episode = DemoEpisode(env_name=env_name, seed=seed, system_prompt=env.instruction)
-    actions_left = env.max_actions
+    if tool_calls and not env.tools:
+        raise ConfigError(f"{env_name} declares no tools, so it has no tool-calling demonstrations")
+    episode = DemoEpisode(env_name=env_name, seed=seed, system_prompt=env.tool_instruction if tool_calls else env.instruction,
+                          tools=list(env.tools) if tool_calls else None)
+    actions_left, results = env.max_actions, None
     for _ in range(max_turns):
         response = demo_response(env, max_actions_per_turn, rng, oracles)
-        episode.turns.append(DemoTurn(observation, actions_left, response))
-        done = False
-        for action in parse_response(response, max_actions_per_turn).actions:
+        if tool_calls:
+            response = tool_response(env, response, max_actions_per_turn)
+            actions = parse_tool_turn(response, ResponseFormat(), max_actions_per_turn, env.tool_action).actions
+        else:
+            actions = parse_response(response, max_actions_per_turn).actions
+        episode.turns.append(DemoTurn(observation, actions_left, response, results))
+        done, results = False, [] if tool_calls else None
+        for action in actions:
             observation, _, terminated, truncated, info = env.step(action)
+            if results is not None:
+                results.append(observation)
             actions_left -= 1
             episode.success = bool(info["success"])
             done = terminated or truncated

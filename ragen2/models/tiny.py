@@ -29,9 +29,39 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
+# The same ChatML with tools laid out as Qwen2.5's template lays them out: the schemas in a `# Tools` block of
+# the system message, each tool result in a user turn as `<tool_response>`. The warm start on tool-call
+# demonstrations (`tiny:ENV+tools`) uses it, so the tiny policy sees tools where a Qwen model sees them.
+TOOLS_PREAMBLE = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+)
+TOOLS_POSTAMBLE = (
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+    '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}'
+    "\n</tool_call>"
+)
+TOOL_TAG_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
+TOOLS_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' and tools %}"
+    "{{ '<|im_start|>system\n' + message['content'] + '\n\n" + TOOLS_PREAMBLE + "' }}"
+    "{% for tool in tools %}{{ '\n' + (tool | tojson) }}{% endfor %}"
+    "{{ '" + TOOLS_POSTAMBLE + "<|im_end|>\n' }}"
+    "{% elif message['role'] == 'tool' %}"
+    "{{ '<|im_start|>user\n<tool_response>\n' + message['content'] + '\n</tool_response><|im_end|>\n' }}"
+    "{% else %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
 
-def build_tokenizer(corpus: Iterable[str], vocab_size: int = 1024, phrases: Iterable[str] = ()) -> PreTrainedTokenizerFast:
-    """Train a byte-level BPE tokenizer on `corpus` and give it a ChatML chat template.
+
+def build_tokenizer(
+    corpus: Iterable[str], vocab_size: int = 1024, phrases: Iterable[str] = (), chat_template: str = CHAT_TEMPLATE
+) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE tokenizer on `corpus` and give it a ChatML chat template (`chat_template`).
 
     Byte-level means any text (a user's typo, a unicode box symbol) still encodes.
     `phrases` become single tokens wherever they occur (the warm start passes the grid
@@ -67,7 +97,7 @@ def build_tokenizer(corpus: Iterable[str], vocab_size: int = 1024, phrases: Iter
         pad_token=PAD,
         additional_special_tokens=[IM_START],
     )
-    hf.chat_template = CHAT_TEMPLATE
+    hf.chat_template = chat_template
     return hf
 
 

@@ -42,7 +42,9 @@ from ragen2.envs import EVAL_SEED_OFFSET  # demonstrations stay on training seed
 from ragen2.envs.base import TextEnv
 from ragen2.errors import ConfigError, did_you_mean
 from ragen2.models.demos import ORACLES, DemoEpisode, Oracle, play_demo
-from ragen2.models.tiny import build_model, build_tokenizer
+from ragen2.models.tiny import (
+    TOOL_TAG_TOKENS, TOOLS_CHAT_TEMPLATE, TOOLS_POSTAMBLE, TOOLS_PREAMBLE, build_model, build_tokenizer,
+)
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +67,23 @@ CELL_PATTERN = re.compile(r"\(row \d+, col \d+\)")
 # math, searchqa, code and webshop presets; Countdown's preset uses tiny:countdown).
 CORE_ENVS = ("sokoban", "frozenlake", "bandit")
 TOOL_ENVS = ("countdown", "math", "searchqa", "code", "webshop")
+
+# `ENV+tools` in `envs` (model.path=tiny:searchqa+tools,webshop+tools): ENV's demonstrations as native tool calls,
+# laid out as `rollout.tool_calls=true` lays them out; the tokenizer then gets the tiny tools template
+# (`tiny.TOOLS_CHAT_TEMPLATE`). ENV's settings below (kwargs, shares, turns) apply to its tool variant too.
+TOOLS_SUFFIX = "+tools"
+
+
+def demo_env(entry: str) -> tuple[str, bool]:
+    """An entry of `WarmStartConfig.envs` as (environment name, tool calling): `searchqa+tools` -> ("searchqa", True)."""
+    return (entry.removesuffix(TOOLS_SUFFIX), True) if entry.endswith(TOOLS_SUFFIX) else (entry, False)
+
+
+def tool_demo_envs() -> list[str]:
+    """The built-in environments that declare tools, hence have tool-calling demonstrations."""
+    from ragen2.envs import ENVS, names
+
+    return [name for name in names() if ENVS.get(name).tools]
 
 # Warm starts whose environments need more than the defaults. Countdown alone (its preset's
 # policy, `tiny:countdown`): restating the numbers and copying them into the equation took
@@ -99,7 +118,7 @@ class WarmStartConfig:
     seed: int = 0
     """Seeds the demonstration seeds, the Bandit oracle's choices, the initialisation and the data order."""
     envs: tuple[str, ...] = CORE_ENVS
-    """Environments to demonstrate; each needs an oracle in `ragen2.models.demos.ORACLES`."""
+    """Environments to demonstrate; each needs an oracle in `ragen2.models.demos.ORACLES`. `ENV+tools`: as tool calls."""
     env_kwargs: dict[str, dict[str, Any]] = field(default_factory=lambda: copy.deepcopy(DEFAULT_ENV_KWARGS))
     """Per-environment constructor kwargs, e.g. {"sokoban": {"dim_room": [6, 6]}}; missing = env defaults."""
     episodes_per_env: int = 2000
@@ -323,20 +342,27 @@ def _build(config: WarmStartConfig, out: Path, device: torch.device) -> None:
 def make_demos(config: WarmStartConfig, rng: np.random.Generator, oracles: dict[type[TextEnv], Oracle] = ORACLES) -> list[DemoEpisode]:
     """Oracle episodes of every env on distinct training seeds drawn below EVAL_SEED_OFFSET."""
     demos = []
-    for name in config.envs:
+    for entry in config.envs:
+        name, tool_calls = demo_env(entry)
         episodes = max(1, round(config.episode_shares.get(name, 1.0) * config.episodes_per_env))
         seeds = rng.choice(EVAL_SEED_OFFSET, size=episodes, replace=False)
         kwargs = config.env_kwargs.get(name, {})
         max_turns, max_actions = config.env_turns.get(name, (config.max_turns, config.max_actions_per_turn))
-        demos += [play_demo(name, kwargs, int(s), max_turns, max_actions, rng, oracles) for s in seeds]
+        demos += [play_demo(name, kwargs, int(s), max_turns, max_actions, rng, oracles, tool_calls) for s in seeds]
     return demos
 
 
 def demo_tokenizer(demos: list[DemoEpisode], vocab_size: int) -> PreTrainedTokenizerBase:
-    """The tiny policy's tokenizer: BPE trained on the demonstrations, each grid cell one token."""
+    """The tiny policy's tokenizer: BPE trained on the demonstrations, each grid cell one token.
+
+    With tool-calling demonstrations it has the tools template and the tool tags as single tokens;
+    without, it is exactly the tokenizer of the warm starts before tool calling.
+    """
     corpus = _corpus(demos)
     cells = sorted({cell for text in corpus for cell in CELL_PATTERN.findall(text)})
-    return build_tokenizer(corpus, vocab_size=vocab_size, phrases=cells)
+    if not any(ep.tools for ep in demos):
+        return build_tokenizer(corpus, vocab_size=vocab_size, phrases=cells)
+    return build_tokenizer(corpus, vocab_size=vocab_size, phrases=TOOL_TAG_TOKENS + cells, chat_template=TOOLS_CHAT_TEMPLATE)
 
 
 def _corpus(demos: list[DemoEpisode]) -> list[str]:
@@ -344,10 +370,12 @@ def _corpus(demos: list[DemoEpisode]) -> list[str]:
     texts = ["system\nuser\nassistant\n"]
     for ep in demos:
         texts.append(ep.system_prompt)
+        if ep.tools:
+            texts += [TOOLS_PREAMBLE, *(json.dumps(tool, ensure_ascii=False) for tool in ep.tools), TOOLS_POSTAMBLE]
         for k, turn in enumerate(ep.turns, start=1):
-            texts.append(user_message(k, turn.observation, turn.actions_left))
+            texts += turn.tool_results or [user_message(k, turn.observation, turn.actions_left)]
             response = turn.response
-            for tag in TAGS:
+            for tag in (*TAGS, *TOOL_TAG_TOKENS):
                 response = response.replace(tag, "\n")
             texts.append(response)
     return texts
@@ -358,9 +386,10 @@ def demo_samples(demos: list[DemoEpisode], tokenizer: PreTrainedTokenizerBase, e
     one's environment (the SFT loss is averaged per environment)."""
     samples, env_of_sample = [], []
     for ep in demos:
+        entry = ep.env_name + (TOOLS_SUFFIX if ep.tools else "")
         for sample in ep.conversation(tokenizer).samples():
             samples.append(sample)
-            env_of_sample.append(list(envs).index(ep.env_name))
+            env_of_sample.append(list(envs).index(entry))
     return samples, env_of_sample
 
 

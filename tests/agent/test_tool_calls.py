@@ -1,5 +1,6 @@
 """Native tool calling: the `<tool_call>` parser, the token layout with tools and tool results, and search QA
-with `rollout.tool_calls=true` rolled out and trained by a tiny policy fine-tuned on tool-call demonstrations."""
+with `rollout.tool_calls=true` rolled out and trained by a tiny policy fine-tuned on tool-call demonstrations, and the
+tool-call warm start (`tiny:ENV+tools`) calling tools in a valid format on held-out seeds."""
 
 from __future__ import annotations
 
@@ -17,7 +18,10 @@ from ragen2.agent.parsing import ResponseFormat
 from ragen2.agent.rollout import conversation, rollout, summarize
 from ragen2.agent.tool_calls import ToolCall, parse_tool_calls, parse_tool_turn, render_tool_calls
 from ragen2.config import RolloutConfig, load_config
+from ragen2.envs import eval_seeds
 from ragen2.errors import ConfigError
+from ragen2.models import warmstart as ws
+from ragen2.models.loading import load_policy
 from ragen2.models.tiny import build_model, build_tokenizer
 from ragen2.rl.trainer import train
 
@@ -166,6 +170,26 @@ def test_tool_calling_searchqa_rolls_out_and_trains(searchqa_tool_policy, tmp_pa
     steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in steps if m["step"] > 0] == [1, 2]
     assert all(m["train/grad_norm"] > 0 for m in steps if m["step"] > 0)
+
+
+@pytest.mark.slow
+def test_the_tool_call_warm_start_calls_tools_in_a_valid_format_in_most_held_out_turns(tmp_path, one_thread):
+    """`tiny:searchqa+tools` at a size that builds in about a minute: its demonstrations go through the
+    warm start's own path (demos, tokenizer, tools template, SFT) and it is rolled out on held-out seeds
+    as `ragen2 eval` rolls out (temperature 0.5, the preset's 128 tokens a turn)."""
+    path = ws.warmstart(tmp_path / "policy", envs=("searchqa+tools",), env_kwargs={"searchqa": ENV_KWARGS},
+                        env_turns={"searchqa": (3, 1)}, episodes_per_env=40, episode_shares={}, steps=300,
+                        warmup_steps=10, vocab_size=600, num_layers=2, batch_tokens=4096)
+    model, tokenizer = load_policy(str(path), "cpu")
+    torch.manual_seed(0)
+    cfg = RolloutConfig(tool_calls=True, max_turns=3, max_actions_per_turn=1, max_tokens_per_turn=128, temperature=0.5)
+    trajectories = rollout(HFBackend(model, tokenizer, stop_strings=()), tokenizer, "searchqa", ENV_KWARGS,
+                           eval_seeds(32), list(range(32)), cfg)
+    metrics = summarize(trajectories)
+    assert metrics["rollout/valid_format_rate"] > 0.5, metrics  # an untrained policy: 0
+    searches = [t for traj in trajectories for t in traj.turns if t.format_valid and t.actions[0].startswith("search[")]
+    finishes = [t for traj in trajectories for t in traj.turns if t.format_valid and t.actions[0].startswith("finish[")]
+    assert searches and finishes
 
 
 def test_tool_calls_need_an_env_with_tools():

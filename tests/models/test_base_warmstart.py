@@ -74,6 +74,8 @@ def test_a_finished_warm_start_is_reused_and_architecture_settings_are_refused(b
         bws.warmstart_base(str(base), out, lora_rank=4, **settings)
     with pytest.raises(ConfigError, match="hidden_size .*architecture"):
         bws.make_base_config(str(base), hidden_size=64)
+    with pytest.raises(ConfigError, match="searchqa\\+tools: tool-calling demonstrations teach the tiny policy only"):
+        bws.make_base_config(str(base), envs=("bandit", "searchqa+tools"))
     cached = bws.base_cache_path(bws.make_base_config("smollm2-135m"), tmp_path)
     assert cached.parent == tmp_path and cached.name.startswith("warmstart-smollm2-135m-")
 

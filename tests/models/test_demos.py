@@ -6,10 +6,13 @@ import numpy as np
 import pytest
 
 from ragen2.agent.parsing import parse_response
+from ragen2.agent.tool_calls import ToolCall, parse_tool_calls
 from ragen2.envs import make
 from ragen2.envs.sokoban import SokobanEnv
 from ragen2.errors import ConfigError
-from ragen2.models.demos import ORACLES, PRETRAINED_ORACLES, canonical_path, demo_response, frozenlake_plan, play_demo, sokoban_plan
+from ragen2.models.demos import (
+    ORACLES, PRETRAINED_ORACLES, canonical_path, demo_response, frozenlake_plan, play_demo, sokoban_plan, tool_call,
+)
 from ragen2.models.warmstart import DEFAULT_ENV_KWARGS, DEFAULT_ENV_TURNS
 
 SEEDS = range(30)
@@ -222,3 +225,35 @@ def test_adapted_games_are_demonstrated_by_their_solver_with_the_plan_as_reasoni
     first = parse_response(episode.turns[0].response, 2)
     assert first.valid and first.actions == plan[:2]
     assert first.reasoning.startswith("Plan: " + ", ".join(plan[:8]))
+
+
+@pytest.mark.parametrize("env_name", ["searchqa", "webshop"])
+def test_tool_calling_demonstrations_call_tools_that_stand_for_the_solver_actions_and_solve(env_name):
+    for seed in range(5):
+        max_turns, max_actions = DEFAULT_ENV_TURNS[env_name]
+        episode = play_demo(env_name, {}, seed, max_turns, max_actions, np.random.default_rng(seed), tool_calls=True)
+        plain = play_demo(env_name, {}, seed, max_turns, max_actions, np.random.default_rng(seed))
+        env = make(env_name)
+        assert episode.success and episode.system_prompt == env.tool_instruction and episode.tools == list(env.tools)
+        assert len(episode.turns) == len(plain.turns)
+        for k, (turn, plain_turn) in enumerate(zip(episode.turns, plain.turns)):
+            parsed = parse_response(plain_turn.response, max_actions)
+            reasoning, calls = turn.response.split("</think>")
+            assert reasoning == parsed.reasoning  # the oracle's reasoning, then its action as a call
+            (call,) = parse_tool_calls(calls).calls
+            assert env.tool_action(call.name, call.arguments) == parsed.actions[0]
+            # the first turn shows the state; every later one, the result of the call before it
+            assert (turn.tool_results is None) == (k == 0)
+            if k:
+                assert turn.tool_results == [plain_turn.observation]
+
+
+def test_tool_call_inverts_tool_action_and_names_the_tools_when_no_call_fits():
+    searchqa, webshop = make("searchqa"), make("webshop")
+    assert tool_call(searchqa, "search[Lake Senna]") == ToolCall("search", {"query": "Lake Senna"})
+    assert tool_call(searchqa, "finish[1,020 kilometres]") == ToolCall("finish", {"answer": "1,020 kilometres"})
+    assert tool_call(webshop, "click[next >]") == ToolCall("click", {"button": "next >"})
+    with pytest.raises(ConfigError, match=r"'look\[x\]' \(its tools: search, finish\)"):
+        tool_call(searchqa, "look[x]")
+    with pytest.raises(ConfigError, match="sokoban declares no tools"):
+        play_demo("sokoban", {}, 0, 5, 2, np.random.default_rng(0), tool_calls=True)

@@ -15,6 +15,7 @@ from ragen2.envs import make
 from ragen2.errors import ConfigError
 from ragen2.models import warmstart as ws
 from ragen2.models.demos import play_demo
+from ragen2.models.tiny import TOOL_TAG_TOKENS, TOOLS_CHAT_TEMPLATE
 
 # A model and data set small enough to build in a few seconds.
 TINY = dict(
@@ -242,3 +243,36 @@ def test_cli_builds_a_policy_of_the_given_size_into_out(tmp_path):
     assert main(["warmstart", "--out", str(tmp_path / "p"), "--device", "cpu", *settings]) == 0
     assert AutoModelForCausalLM.from_pretrained(tmp_path / "p").config.hidden_size == 48
     assert main(["warmstart", "--out", str(tmp_path / "q"), "depth=3"]) == 2  # error message, no traceback
+
+
+def test_the_default_warm_start_keeps_its_key():
+    """Tool-calling variants are new entries of `envs`: the default policy's settings, hence its cache, are unchanged."""
+    assert ws.WarmStartConfig().key() == "d10ad80ef562"
+
+
+def test_tool_demonstration_samples_equal_what_a_tool_calling_rollout_of_the_same_responses_stores():
+    config = ws.WarmStartConfig(envs=("searchqa+tools", "webshop+tools"), episodes_per_env=40, vocab_size=600)
+    demos = ws.make_demos(config, np.random.default_rng(0))
+    tokenizer = ws.demo_tokenizer(demos, config.vocab_size)
+    assert tokenizer.chat_template == TOOLS_CHAT_TEMPLATE
+    for tag in TOOL_TAG_TOKENS:
+        assert len(tokenizer.encode(tag, add_special_tokens=False)) == 1
+    assert {ep.env_name for ep in demos} == {"searchqa", "webshop"}
+    for episode in demos:
+        responses = [
+            tokenizer.encode(t.response, add_special_tokens=False) + [tokenizer.eos_token_id] for t in episode.turns
+        ]
+        max_turns, max_actions = config.env_turns[episode.env_name]
+        cfg = RolloutConfig(tool_calls=True, max_turns=max_turns, max_actions_per_turn=max_actions)
+        (traj,) = rollout(ScriptedBackend(tokenizer, responses), tokenizer, episode.env_name, {}, [episode.seed], [0], cfg)
+        assert traj.success == episode.success and all(turn.format_valid for turn in traj.turns)
+        assert traj.samples == episode.conversation(tokenizer).samples()
+
+
+def test_tiny_tool_variants_exist_only_for_environments_with_tools():
+    from ragen2.models.loading import resolve_model_path
+
+    with pytest.raises(ConfigError, match="sokoban\\+tools has no tools to demonstrate; ENV\\+tools exists for searchqa, webshop"):
+        resolve_model_path("tiny:searchqa+tools,sokoban+tools")
+    with pytest.raises(ConfigError, match="unknown environment"):
+        resolve_model_path("tiny:serchqa+tools")

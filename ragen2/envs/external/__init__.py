@@ -1,5 +1,6 @@
 """Environments from other suites, named `SUITE:GAME`: `textarena:Sudoku-v0`, `textworld:coin_collector`, `gym:Blackjack-v1`.
-The tools of an MCP server are one too: `mcp:calculator`, or `mcp:NAME` with `env.kwargs.command`.
+The tools of an MCP server are one too: `mcp:calculator`, or `mcp:NAME` with `env.kwargs.command`, and so is
+an OpenEnv environment class: `openenv:MODULE:CLASS`.
 
 Each suite is an optional extra (`ragen2[textarena]`, `ragen2[textworld]`; Gymnasium is a core
 dependency) and is imported only when one of its names is used, so `import ragen2.envs` never
@@ -20,6 +21,7 @@ SUITES: dict[str, tuple[str, str | None]] = {
     "textworld": ("ragen2.envs.external.textworld_env", "textworld"),
     "gym": ("ragen2.envs.external.gym_env", None),
     "mcp": ("ragen2.envs.external.mcp_env", "agents"),
+    "openenv": ("ragen2.envs.external.openenv_env", "openenv"),
 }
 
 
