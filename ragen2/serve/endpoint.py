@@ -158,6 +158,9 @@ def serve_policy(model_path: str, device: str = "auto", host: str = "127.0.0.1",
     return Endpoint(ChatService(tokenizer, batcher, Limits(max_tokens), model_name=model_path), host, port)
 
 
+SHUTDOWN_GRACE_S = 5  # seconds in-flight requests get to finish when the endpoint closes
+
+
 class Endpoint:
     """`create_app(service)` served by uvicorn on a background thread; `url` is its base URL.
 
@@ -168,7 +171,10 @@ class Endpoint:
         self.service = service
         self._socket = socket.create_server((host, port))
         self.host, self.port = self._socket.getsockname()[:2]
-        config = uvicorn.Config(create_app(service), log_level="warning", access_log=False, lifespan="off")
+        # A bounded graceful shutdown: Ctrl-C on `ragen2 serve` or the end of a run must not wait on a client
+        # that keeps its connection or request open.
+        config = uvicorn.Config(create_app(service), log_level="warning", access_log=False, lifespan="off",
+                                timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]},
                                         name="ragen2-endpoint", daemon=True)
