@@ -152,7 +152,8 @@ def load_sweeps(root: Path) -> dict[str, Sweep]:
             # The status file times the sweep's last process only; a run resumed after its sweep was cut off
             # spent most of its time before that, which its logged step times still count.
             logged = sum(r.get("timing_s/step", 0.0) for r in records)
-            seconds += max(json.loads(status.read_text()).get("seconds", 0.0) if status.is_file() else 0.0, logged)
+            if row["status"] == "done":  # the table's time is that of the finished runs
+                seconds += max(json.loads(status.read_text()).get("seconds", 0.0) if status.is_file() else 0.0, logged)
             config = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").is_file() else {}
             run = Run(row["run"], labels, row["seed"], row, records, run_dir, config)
             (runs if row["status"] == "done" else unfinished).append(run)
