@@ -100,19 +100,35 @@ def test_bad_requests_name_the_field(served):
         client.chat.completions.create(model="policy", messages=[])
 
 
-def test_serve_command_in_a_subprocess(tool_policy):
+def _default_interrupt() -> None:
+    """In the child: Ctrl-C as a shell gives it. A child inherits an ignored or blocked SIGINT from the process
+    that starts it, and in the full suite `ragen2 serve` once sat through the SIGINT this test sends."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+
+
+def test_serve_command_in_a_subprocess(tool_policy, tmp_path):
     """`ragen2 serve MODEL --port 0`: an agent in another process calls it; Ctrl-C stops it cleanly."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "ragen2", "serve", str(tool_policy), "--port", "0", "--device", "cpu"]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    # Its log goes to a file: a pipe nobody reads while the server runs can fill, and the server would block on it.
+    log = tmp_path / "serve.log"
+    with log.open("w") as err:
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err, text=True, env=env,
+                                preexec_fn=_default_interrupt)
     try:
         line = proc.stdout.readline()
         url = re.search(r"at (http://\S+/v1)", line)
-        assert url, line + proc.stderr.read() if proc.poll() is not None else line
+        assert url, line + log.read_text()
         client = openai.OpenAI(base_url=url.group(1), api_key="x", max_retries=0)
         reply = client.chat.completions.create(model="policy", messages=lookup_agent.first_messages(0),
                                                tools=lookup_agent.TOOLS, temperature=0)
         assert reply.choices[0].message.tool_calls[0].function.name == "lookup"
     finally:
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=30) == 130
+        try:
+            code = proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = f"still running 30 s after Ctrl-C; its log:\n{log.read_text()}"
+    assert code == 130, code
