@@ -37,14 +37,14 @@ test-learning: $(BIN)/ragen2
 # cannot load must fail here, not skip every test.
 VERL_VENV := .venv-verl
 VERL_BIN := $(VERL_VENV)/bin
-# `python -c "$$EXTRA_REQUIREMENTS" EXTRA`: ragen2's requirements with the pins of EXTRA replacing the core pins.
+# `python -c "$$EXTRA_REQUIREMENTS" EXTRA...`: ragen2's requirements with the pins of the EXTRAs replacing the core pins.
 define EXTRA_REQUIREMENTS
 import re, sys, tomllib
 project = tomllib.load(open("pyproject.toml", "rb"))["project"]
-extras = project["optional-dependencies"]
+pins = [r for extra in sys.argv[1:] for r in project["optional-dependencies"][extra]]
 name = lambda requirement: re.split(r"[=<>!~ \[;]", requirement)[0].lower()
-replaced = {name(r) for r in extras[sys.argv[1]]}
-print(*[r for r in project["dependencies"] if name(r) not in replaced], *extras[sys.argv[1]], *extras["test"], sep="\n")
+replaced = {name(r) for r in pins}
+print(*[r for r in project["dependencies"] if name(r) not in replaced], *pins, *project["optional-dependencies"]["test"], sep="\n")
 endef
 export EXTRA_REQUIREMENTS
 
@@ -82,3 +82,23 @@ $(VLLM_BIN)/ragen2: pyproject.toml
 test-vllm: $(VLLM_BIN)/ragen2
 	$(VLLM_BIN)/python -W ignore -c "import vllm, ragen2.agent.vllm_backend"
 	OMP_NUM_THREADS=1 VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_BIN)/python -m pytest -q tests/rollout_vllm
+
+# The adapters of verifiers and OpenEnv (tests/envs/test_external_verifiers.py, test_external_openenv.py) run in
+# .venv-envs, made the same way from the `verifiers` and `openenv` extras: verifiers needs the mcp and openai that
+# the `agents` extra's pins exclude, and openenv-core brings gradio, which replaces pillow. `import verifiers,
+# openenv` first: a package that cannot load must fail here, not skip the tests.
+ENVS_VENV := .venv-envs
+ENVS_BIN := $(ENVS_VENV)/bin
+
+$(ENVS_BIN)/ragen2: pyproject.toml
+	test -d $(ENVS_VENV) || $(PYTHON) -m venv $(ENVS_VENV)
+	$(ENVS_BIN)/pip install -q --upgrade pip
+	$(ENVS_BIN)/python -c "$$EXTRA_REQUIREMENTS" verifiers openenv > $(ENVS_VENV)/requirements.txt
+	$(ENVS_BIN)/pip install -q -r $(ENVS_VENV)/requirements.txt
+	$(ENVS_BIN)/pip install -q --no-deps -e .
+	touch $(ENVS_BIN)/ragen2
+
+.PHONY: test-envs
+test-envs: $(ENVS_BIN)/ragen2
+	$(ENVS_BIN)/python -W ignore -c "import verifiers, openenv, ragen2.envs.external.verifiers_env, ragen2.envs.external.openenv_env"
+	$(ENVS_BIN)/python -m pytest -q tests/envs/test_external_verifiers.py tests/envs/test_external_openenv.py

@@ -1,6 +1,6 @@
 """Environments from other suites, named `SUITE:GAME`: `textarena:Sudoku-v0`, `textworld:coin_collector`, `gym:Blackjack-v1`.
 The tools of an MCP server are one too: `mcp:calculator`, or `mcp:NAME` with `env.kwargs.command`, and so is
-an OpenEnv environment class: `openenv:MODULE:CLASS`.
+an OpenEnv environment class: `openenv:MODULE:CLASS`, and a verifiers taskset: `verifiers:TASKSET`.
 
 Each suite is an optional extra (`ragen2[textarena]`, `ragen2[textworld]`; Gymnasium is a core
 dependency) and is imported only when one of its names is used, so `import ragen2.envs` never
@@ -22,7 +22,10 @@ SUITES: dict[str, tuple[str, str | None]] = {
     "gym": ("ragen2.envs.external.gym_env", None),
     "mcp": ("ragen2.envs.external.mcp_env", "agents"),
     "openenv": ("ragen2.envs.external.openenv_env", "openenv"),
+    "verifiers": ("ragen2.envs.external.verifiers_env", "verifiers"),
 }
+# Suites whose extras `make` leaves out of .venv (pyproject.toml says why); .venv-envs has them.
+OWN_VENV = {"openenv", "verifiers"}
 
 
 def is_external(name: str) -> bool:
@@ -47,6 +50,8 @@ def make(name: str, **cfg: Any) -> TextEnv:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as e:
         hint = f": pip install 'ragen2[{extra}]'" if extra else ""
+        if suite in OWN_VENV:
+            hint += "; `make` leaves it out of .venv, and .venv-envs has it (`make test-envs` builds it)"
         raise ConfigError(f"{name} needs the {suite} package, which is not installed{hint} ({e})") from e
     return module.make(game, **cfg)
 
