@@ -79,5 +79,6 @@ def test_a_mistyped_suite_names_the_suites_and_the_closest():
         load_config(None, ["env.name=textarna:Foo-v0"])
     message = str(e.value)
     assert message.startswith("env.name='textarna:Foo-v0': 'textarna' is not an environment suite; suites: "
-                              "textarena:GAME, textworld:GAME, gym:GAME, mcp:GAME, openenv:GAME; built-in environments: bandit, ")
+                              "textarena:GAME, textworld:GAME, gym:GAME, mcp:GAME, openenv:GAME, verifiers:GAME; "
+                              "built-in environments: bandit, ")
     assert "Did you mean: textarena:Foo-v0" in message
