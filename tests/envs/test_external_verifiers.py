@@ -55,10 +55,21 @@ def test_the_taskset_config_reaches_the_taskset_and_is_checked():
     env = envs.make(SUMS, taskset_config={"num_tasks": 40, "high": 99})
     assert len(env.tasks) == 40 and max(max(numbers(t.data.prompt)) for t in env.tasks) > 9
     assert len(envs.make(SUMS, taskset_config={"num_tasks": 40}, max_tasks=5).tasks) == 5
+    plugged = envs.make(SUMS, taskset_config={"task": {"rewards": {"correct": {"fn": "verifiers_arith:half"}}}})
+    a, b = numbers(plugged.reset(seed=0)[0])
+    assert plugged.step(str(a + b))[:2] == ("Scored: correct=0.5, is_number=1; reward 0.6.", pytest.approx(0.6))
     with pytest.raises(ConfigError, match="taskset_config=.*num_tasks"):
         envs.make(SUMS, taskset_config={"num_tasks": "many"})
     with pytest.raises(ConfigError, match="loaded no task"):
         envs.make(SUMS, taskset_config={"num_tasks": 0})
+
+
+def test_a_reward_function_that_raises_scores_the_reply_zero_as_in_verifiers(caplog):
+    env = envs.make(SUMS, taskset_config={"task": {"rewards": {"is_number": {"fn": "verifiers_arith:broken"}}}})
+    a, b = numbers(env.reset(seed=0)[0])
+    assert env.step(str(a + b)) == ("Scored: nothing; reward 0.", 0.0, True, False,
+                                    {"action_is_valid": True, "success": False})
+    assert "this reward function is broken" in caplog.text
 
 
 def test_a_verifiers_environment_passes_the_env_checker_and_documents_its_info_keys():

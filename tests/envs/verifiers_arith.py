@@ -41,4 +41,13 @@ class SumTaskset(vf.Taskset[SumTask, SumConfig]):
                                 answer=a + b), self.config.task) for a, b in pairs]
 
 
+async def half(trace: vf.Trace) -> float:
+    """A reward plugged through the taskset config (`task.rewards`)."""
+    return 0.5
+
+
+async def broken(trace: vf.Trace) -> float:
+    raise ValueError("this reward function is broken")
+
+
 __all__ = ["SumTaskset"]

@@ -109,7 +109,7 @@ class VerifiersEnv(TextEnv):
             asyncio.run(self.task.score(self.trace))
         except vf.TaskError as e:
             logger.warning("verifiers task %s: scoring the reply failed, reward 0: %s", type(self.task).__name__, e)
-        reward = self.trace.reward
+        reward = float(self.trace.reward)  # 0 (an int) when nothing was scored
         scores = ", ".join(f"{name}={r.score:g}" for name, r in self.trace.rewards.items() if r is not None)
         return (f"Scored: {scores or 'nothing'}; reward {reward:g}.", reward, True, False,
                 {"action_is_valid": True, "success": reward >= self.success_reward})
