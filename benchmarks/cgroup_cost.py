@@ -2,7 +2,8 @@
 
 Runs (the default): the grading workload of code_throughput.py, N programs per batch, in
 rounds; each round runs one batch in every variant, in turn (the order reversed every
-other round), so that all variants see the same load. Variants: this tree with its
+other round), so that all variants see the same load: small batches and many rounds
+follow a load that changes by the second. Variants: this tree with its
 memory cgroup and without one (`cgroup.CGROUP_ROOT` pointed at a missing path), and with
 `--base PATH` the same two for the tree at PATH (e.g. a `git worktree` of an earlier
 commit). Each variant is a worker process of its own, started once with its tree on
@@ -18,7 +19,8 @@ Needs root and a memory cgroup hierarchy the host may write.
 
     python benchmarks/cgroup_cost.py --pieces
     git worktree add /tmp/prev fa3d3f3
-    python benchmarks/cgroup_cost.py --base /tmp/prev --rounds 10
+    python benchmarks/cgroup_cost.py --base /tmp/prev                          # 150 rounds of 2 programs
+    python benchmarks/cgroup_cost.py --base /tmp/prev --workers 4 --num-programs 8 --rounds 40
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from code_throughput import grading_jobs
 
@@ -55,15 +58,17 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pieces", action="store_true", help="time the cgroup's steps directly instead of whole runs")
     p.add_argument("--base", default=None, help="also run the tree at this path (with and without its cgroup)")
-    p.add_argument("--num-programs", type=int, default=40, help="N, programs per batch")
+    p.add_argument("--num-programs", type=int, default=2, help="N, programs per batch")
     p.add_argument("--workers", type=int, default=1, help="programs at a time within a batch (1 = sequential)")
-    p.add_argument("--rounds", type=int, default=10, help="batches per variant (--pieces: repetitions per way)")
+    p.add_argument("--rounds", type=int, default=150, help="batches per variant (--pieces: repetitions per way)")
     return p.parse_args()
 
 
 def time_runs(args: argparse.Namespace) -> None:
     jobs = json.dumps(grading_jobs(args.num_programs))
-    trees = {"this tree": os.getcwd(), **({"base": os.path.abspath(args.base)} if args.base else {})}
+    trees = {"this tree": str(Path(__file__).resolve().parents[1])}
+    if args.base:
+        trees["base"] = os.path.abspath(args.base)
     names, workers = [], []
     for tree, path in trees.items():
         for mode in ("on", "off"):
@@ -91,17 +96,17 @@ def time_runs(args: argparse.Namespace) -> None:
     reference = statistics.median(ms["this tree, without cgroup"])
     print(f"{args.rounds} rounds x {args.num_programs} programs per variant, {args.workers} at a time, "
           f"load average {min(load):.1f}-{max(load):.1f}" + (f", base {args.base}" if args.base else ""))  # fmt: skip
-    print("| variant | ms/program, median | best | vs this tree without cgroup |")
-    print("|---|---|---|---|")
-    for name, values in ms.items():
-        median = statistics.median(values)
-        print(f"| {name} | {median:.1f} | {min(values):.1f} | {median / reference:.3f} |")
     for tree in trees:
         with_, without = (statistics.median(ms[f"{tree}, {m} cgroup"]) for m in ("with", "without"))
         ratios = [a / b for a, b in zip(ms[f"{tree}, with cgroup"], ms[f"{tree}, without cgroup"])]
         print(f"{tree}: with / without cgroup = {with_ / without:.3f} (ratio of medians), "
               f"{statistics.median(ratios):.3f} (median of per-round ratios), "
               f"{with_ - without:+.1f} ms a program")  # fmt: skip
+    print("\n| variant | ms/program, median | best | vs this tree without cgroup |")
+    print("|---|---|---|---|")
+    for name, values in ms.items():
+        median = statistics.median(values)
+        print(f"| {name} | {median:.1f} | {min(values):.1f} | {median / reference:.3f} |")
 
 
 def time_pieces(rounds: int) -> None:
@@ -115,7 +120,7 @@ def time_pieces(rounds: int) -> None:
         for way, attribute in ways.items():
             for piece, seconds in _one_cgroup(attribute).items():
                 times[way].setdefault(piece, []).append(1000 * seconds)
-    print(f"cgroup {'v2' if made.v2 else 'v1'}, median ms of {rounds}, load average {os.getloadavg()[0]:.1f}")
+    print(f"cgroup {'v2' if made.v2 else 'v1'}, median ms of {rounds}, load average {os.getloadavg()[0]:.1f}\n")
     pieces = list(times["none"])
     print("| piece | " + " | ".join(f"join: {way}" for way in ways) + " |")
     print("|---" * (len(ways) + 1) + "|")

@@ -11,9 +11,9 @@ How the launcher joins it decides what the cgroup costs a run. Moving a process
 (`cgroup.procs`) takes the kernel's global cgroup_threadgroup_rwsem for writing, which
 waits for an RCU grace period: about 11 ms on this project's machines, a third of a
 short run. A thread that moves only itself (it writes "0" to v1's `tasks`) skips that
-lock (Linux 5.17, "cgroup: Optimize single thread migration", also in the 5.4, 5.10
-and 5.15 stable series): 0.3 ms. The launcher is a fresh fork, so its one thread is
-the whole process, and what it forks is born in the cgroup. cgroup v2 has no such file
+lock (Linux 5.5, "cgroup: Optimize single thread migration", and 5.4 releases since
+2022): 0.4 ms. The launcher is a fresh fork, so its one thread is the whole process,
+and what it forks is born in the cgroup. cgroup v2 has no such file
 for a memory cgroup (`cgroup.threads` is for threaded cgroups, which the memory
 controller is not), so there the launcher writes "0" to `cgroup.procs` and pays the
 lock (docs/benchmarks.md, "What the memory cgroup per run costs").
