@@ -13,10 +13,10 @@ waits for an RCU grace period: about 11 ms on this project's machines, a third o
 short run. A thread that moves only itself (it writes "0" to v1's `tasks`) skips that
 lock (Linux 5.5, "cgroup: Optimize single thread migration", and 5.4 releases since
 2022): 0.4 ms. The launcher is a fresh fork, so its one thread is the whole process,
-and what it forks is born in the cgroup. cgroup v2 has no such file
-for a memory cgroup (`cgroup.threads` is for threaded cgroups, which the memory
-controller is not), so there the launcher writes "0" to `cgroup.procs` and pays the
-lock (docs/benchmarks.md, "What the memory cgroup per run costs").
+and what it forks is born in the cgroup. cgroup v2 has no such file for a memory
+cgroup (`cgroup.threads` is for threaded cgroups, which the memory controller is not),
+so there the launcher writes "0" to `cgroup.procs` and pays the lock
+(docs/benchmarks.md, "What the memory cgroup per run costs").
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class MemoryCgroup:
 
     @property
     def join(self) -> str:
-        """The file a single-threaded process writes "0" to to move itself in (see the module docstring)."""
+        """Where a single-threaded process writes "0" to move itself in (see the module docstring)."""
         return self.procs if self.v2 else os.path.join(self.path, "tasks")
 
     def oom_kills(self) -> int:
