@@ -187,7 +187,8 @@ def assert_nothing_left(files_before: set[str], keys_before: dict, after: str) -
 
 
 def _sandbox_cgroups() -> list[str]:
-    return glob.glob(f"{cgroup.CGROUP_ROOT}/**/{cgroup.PREFIX}*", recursive=True)
+    """The run cgroups this process made that are still there (other processes on the machine may run programs too)."""
+    return glob.glob(f"{cgroup.CGROUP_ROOT}/**/{cgroup.PREFIX}{os.getpid()}-*", recursive=True)
 
 
 def _row(case: Hostile, outcomes: list[GradedTest], good: list[GradedTest]) -> dict:
@@ -526,6 +527,36 @@ def test_memory_cgroup_caps_pipe_buffers_and_memory_together():
     # 28 MiB of pipe buffers (accounted here: cgroup v2, or v1's kernel memory) and the same 110 MiB: over the cap.
     over = run_program(PIPES_THEN_MEMORY.format(pipes=28, mb=110), limits=limits)
     assert over.killed_reason == "memory" and over.stdout == "", over
+    assert not _sandbox_cgroups()
+
+
+@needs_cgroup
+def test_memory_cgroup_holds_every_process_and_thread_of_a_run():
+    # The launcher moves only its own thread in (cgroup.py): what it and the program start must be born there.
+    program = (
+        "import os, threading\n"
+        "def where(who):\n"
+        "    lines = open('/proc/thread-self/cgroup').read().splitlines()\n"
+        "    v1 = [line for line in lines if ':memory:' in line]\n"
+        "    line = (v1 or [line for line in lines if line.startswith('0::')])[0]\n"
+        "    print(who, line.rpartition(':')[2], flush=True)\n"
+        "where('program')\n"
+        "thread = threading.Thread(target=where, args=('thread',))\n"
+        "thread.start()\n"
+        "thread.join()\n"
+        "if os.fork() == 0:\n"
+        "    if os.fork() == 0:\n"
+        "        where('grandchild')\n"
+        "        os._exit(0)\n"
+        "    os.wait()\n"
+        "    where('child')\n"
+        "    os._exit(0)\n"
+        "os.wait()\n"
+    )
+    result = run_program(program, limits=Limits(audit_hook=False))
+    places = dict(line.split(" ", 1) for line in result.stdout.splitlines())
+    assert sorted(places) == ["child", "grandchild", "program", "thread"], result
+    assert len(set(places.values())) == 1 and cgroup.PREFIX in places["program"], places
     assert not _sandbox_cgroups()
 
 

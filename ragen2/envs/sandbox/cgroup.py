@@ -6,6 +6,17 @@ makes `ragen2-sandbox-<pid>-<n>` under a `ragen2` cgroup below its own, in the c
 v2 hierarchy when it has the memory controller, else in v1's memory hierarchy. Where
 none can be made (not root, no delegation, a read-only cgroupfs) the run goes on with
 the address-space cap split over its processes (`host.process_limits`).
+
+How the launcher joins it decides what the cgroup costs a run. Moving a process
+(`cgroup.procs`) takes the kernel's global cgroup_threadgroup_rwsem for writing, which
+waits for an RCU grace period: about 11 ms on this project's machines, a third of a
+short run. A thread that moves only itself (it writes "0" to v1's `tasks`) skips that
+lock (Linux 5.5, "cgroup: Optimize single thread migration", and 5.4 releases since
+2022): 0.4 ms. The launcher is a fresh fork, so its one thread is the whole process,
+and what it forks is born in the cgroup. cgroup v2 has no such file for a memory
+cgroup (`cgroup.threads` is for threaded cgroups, which the memory controller is not),
+so there the launcher writes "0" to `cgroup.procs` and pays the lock
+(docs/benchmarks.md, "What the memory cgroup per run costs").
 """
 
 from __future__ import annotations
@@ -29,7 +40,7 @@ _logged = False
 
 @dataclass(frozen=True)
 class MemoryCgroup:
-    """One run's cgroup: the launcher joins it by writing its pid to `procs`, its children follow."""
+    """One run's cgroup: the launcher joins it by writing "0" to `join`, its children are born in it."""
 
     path: str
     v2: bool
@@ -37,6 +48,11 @@ class MemoryCgroup:
     @property
     def procs(self) -> str:
         return os.path.join(self.path, "cgroup.procs")
+
+    @property
+    def join(self) -> str:
+        """Where a single-threaded process writes "0" to move itself in (see the module docstring)."""
+        return self.procs if self.v2 else os.path.join(self.path, "tasks")
 
     def oom_kills(self) -> int:
         """How many of the run's processes the OOM killer ended (the cap was hit)."""
@@ -49,8 +65,13 @@ class MemoryCgroup:
         return 0
 
     def remove(self, timeout_s: float = 5.0) -> None:
-        """Kill what is left in it and remove it; a killed process leaves it a moment later, hence the retries."""
+        """Kill what is left in it and remove it; a killed process leaves it a moment later, hence the retries.
+
+        After a run usually only the exiting launcher is left, for a few tenths of a
+        millisecond: the first retries come soon, later ones back off to 5 ms.
+        """
         deadline = time.monotonic() + timeout_s
+        delay = 0.0005
         while True:
             with suppress(OSError), open(self.procs) as f:
                 for pid in f.read().split():
@@ -65,7 +86,8 @@ class MemoryCgroup:
                 if time.monotonic() > deadline:
                     log.warning("could not remove the memory cgroup %s: %s", self.path, e)
                     return
-            time.sleep(0.005)
+            time.sleep(delay)
+            delay = min(2 * delay, 0.005)
 
 
 @contextmanager

@@ -369,7 +369,7 @@ def _run(source: str, stdin: str, limits: Limits, isolated: bool) -> RunResult:
             "processes": processes,
             "open_files": limits.max_open_files,
             "audit_hook": limits.audit_hook,
-            "cgroup_procs": memory_cgroup.procs if memory_cgroup else None,
+            "cgroup_join": memory_cgroup.join if memory_cgroup else None,
             "split": split,
         }
         # stdin is a pipe the host fills: a file, even read-only, could be reopened through /proc/self/fd/0

@@ -148,10 +148,10 @@ def _launch(request: dict, fds: list, libc: object, server: dict) -> None:
 
     stdin_fd, source_fd, out_fd, err_fd, status_fd = fds
     os.setsid()
-    if request["cgroup_procs"]:  # before anything of the run's: the program and its children follow the launcher
-        try:
-            with open(request["cgroup_procs"], "w") as f:
-                f.write(str(os.getpid()))
+    if request["cgroup_join"]:  # before anything of the run's: the program and its children are born in it
+        try:  # "0": this thread moves itself, the whole launcher (a fresh fork has one thread); see cgroup.py
+            with open(request["cgroup_join"], "w") as f:
+                f.write("0")
         except OSError:  # the run goes on under the address-space cap split over its processes
             request["processes"], request["memory_bytes"] = request["split"]
     libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: die with the fork server
