@@ -45,6 +45,7 @@ from ragen2.serve.entrypoint import agent_name
 from ragen2.tracking import Tracker
 
 if TYPE_CHECKING:
+    from ragen2.rl.async_rollout import AsyncRollouts
     from ragen2.serve.agent_loop import AgentRunner
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,7 @@ class Run:
     # has already moved the live state, and the checkpoint written then must not include that move.
     diagnostics_at_step: dict | None = None
     agent: AgentRunner | None = None  # agent.entrypoint: its endpoint and function, made at the first rollout
+    rollouts: AsyncRollouts | None = None  # async.max_staleness > 0: the rollout worker's end in the trainer
 
 
 def setup(config: Config, resume_dir: Path | None = None) -> Run:
