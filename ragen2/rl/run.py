@@ -145,7 +145,7 @@ def _build_run(config: Config, run_dir: Path, checkpoint: Checkpoint | None) -> 
         log.info("%s", run_header(config, run_dir, device))
         log.debug("resolved config:\n%s", yaml.safe_dump(to_dict(config), sort_keys=False))
     torch.manual_seed(config.trainer.seed)  # initialisation of new heads and adapters
-    policy, tokenizer = _load_trainable_policy(config, device, checkpoint)
+    policy, tokenizer = load_trainable_policy(config, device, checkpoint)
     critic = None
     if config.algo.name == "ppo":
         source = checkpoint.critic_path if checkpoint else None
@@ -256,7 +256,7 @@ def _new_run_dir(config: Config) -> Path:
     return run_dir
 
 
-def _load_trainable_policy(config: Config, device: torch.device, checkpoint) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def load_trainable_policy(config: Config, device: torch.device, checkpoint) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The policy (from the checkpoint when resuming), with LoRA and gradient checkpointing as configured."""
     m = config.model
     try:

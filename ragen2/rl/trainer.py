@@ -80,6 +80,7 @@ from ragen2.mixture import eval_envs, is_mixture, per_group, tagged_metrics, tra
 from ragen2.models.loading import resolve_device
 from ragen2.progress import Progress
 from ragen2.rl import distributed, fsdp
+from ragen2.rl.async_rollout import candidates, rollout_worker
 from ragen2.rl.advantages import (
     bi_level_gae,
     broadcast_to_tokens,
@@ -165,7 +166,9 @@ def train(config: Config, resume_dir: Path | None = None) -> str:
     with distributed.process_group(resolve_device(config.model.device).type):
         run = setup(config, resume_dir)
         try:
-            _train_loop(run)
+            asynchronous = config.async_.enable and config.async_.max_staleness > 0
+            with rollout_worker(run) if asynchronous else contextlib.nullcontext():
+                _train_loop(run)
             return summary_table(run) if distributed.is_main() else ""
         finally:
             if run.agent is not None:
@@ -238,7 +241,10 @@ def produce_groups(run: Run, step: int, timer: _PhaseTimer) -> tuple[list[Trajec
     keep = diagnosed and run.config.collapse.rollout_cache and run.rollouts is None
     with reuse_prefixes(backend_of(run), keep_finished=True) if keep else contextlib.nullcontext() as prefixes:
         with timer("rollout"):
-            trajectories, metrics = run.rollouts.take(step) if run.rollouts else rollout_phase(run, step)
+            if run.rollouts is not None:
+                trajectories, metrics = run.rollouts.take(step)
+            else:
+                trajectories, metrics = rollout_phase(run, step, candidates(run.config))
         save_training_samples(run, step, trajectories)
         if diagnosed:
             with timer("collapse"):
