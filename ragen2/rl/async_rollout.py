@@ -128,7 +128,7 @@ class AsyncRollouts:
     def take(self, step: int) -> tuple[list[Trajectory], dict[str, float]]:
         """Step `step`'s candidate groups and their rollout metrics, waiting for the worker if they are not in."""
         while step not in self.buffer:
-            message = distributed.recv_object(WORKER, self.groups.finished, self._alive)
+            message = self._receive()
             if message[0] == "error":
                 raise RolloutWorkerError(f"the rollout worker failed, so the run stops (resume it with `ragen2 "
                                          f"train --resume` from its last checkpoint):\n{message[1]}")
@@ -163,6 +163,18 @@ class AsyncRollouts:
         if dist.is_initialized():
             dist.destroy_process_group()
         self.store_dir.cleanup()
+
+    def _receive(self) -> tuple:
+        """The worker's next message; a worker that is gone, or whose connection broke, raises RolloutWorkerError."""
+        try:
+            return distributed.recv_object(WORKER, self.groups.finished, self._alive)
+        except RolloutWorkerError:
+            raise
+        except RuntimeError as e:  # gloo saw the connection close, maybe before the process is reaped
+            self.process.join(timeout=10)
+            self._alive()
+            raise RolloutWorkerError(f"the connection to the rollout worker broke ({e}), so the run stops; resume "
+                                     "it with `ragen2 train --resume` from its last checkpoint") from e
 
     def _alive(self) -> None:
         if not self.process.is_alive():
@@ -219,6 +231,7 @@ class _Worker:
         k, sends = self.config.async_.max_staleness, []
         self.receive(block=True)  # the trainer's weights at the start
         for step in range(self.start + 1, self.config.trainer.total_steps + 1):
+            self._check_parent()
             while self.version < step - 1 - k:
                 self.receive(block=True)
             self.receive(block=False)  # whatever newer weights have arrived

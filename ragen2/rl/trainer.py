@@ -327,7 +327,7 @@ def rollout_phase(
     base = derived_seed(cfg.trainer.seed, step, "env") % (EVAL_SEED_OFFSET - P)  # below the held-out seeds
     seeds, group_ids = group_seeds(base, P, G)
     sample_seeds = [derived_seed(cfg.trainer.seed, step, f"sample/{i}") for i in range(P * G)]
-    group_envs = per_group(training_envs(cfg))  # [P]: group g plays group_envs[g]
+    group_envs = per_group(training_envs(cfg, P))  # [P]: group g plays group_envs[g]
     episode_envs = [group_envs[g] for g in group_ids]
     groups = distributed.group_range(P)
     mine = slice(groups.start * G, groups.stop * G)  # this rank's episodes, group-major
