@@ -559,23 +559,24 @@ class AgentConfig:
 
 @dataclass
 class AsyncConfig:
-    """Asynchronous training (docs/scaling.md): rollouts on their own ranks while the trainer updates."""
+    """Asynchronous training (docs/scaling.md): a rollout worker generates while the trainer updates."""
 
     enable: bool = _f(
-        False, "Train asynchronously: rollout workers keep producing groups while the trainer updates, with at "
-        "most async.max_staleness updates between a sample's generation and its training.",
+        False, "Train asynchronously: above async.max_staleness=0, `ragen2 train` starts a rollout worker process that "
+        "keeps producing groups while the trainer updates; logs async/ metrics.",
     )
     max_staleness: int = _f(
         1, "Largest number of updates between a sample's generation and its training; 0 is the synchronous run "
-        "exactly (same samples, same metrics).",
+        "exactly (same samples, same metrics, no worker). Above 0, algo.rollout_is=token is the default unless "
+        "algo.rollout_is is set.",
     )
     oversample: float = _f(
-        1.0, "Candidate groups the filter ranks per step, as a multiple of rollout.num_groups (admission control "
-        "over the buffer of finished groups).",
+        1.0, "Candidate groups the filter ranks per step, as a multiple of rollout.num_groups; it keeps at most "
+        "rollout.num_groups of them (admission control). One environment, filter.level=prompt.",
     )
     rollout_ranks: list[int] = _f(
-        [], "Under torchrun or accelerate, the ranks that generate; the others train. [] on one process: the run "
-        "starts its own rollout worker.",
+        [], "Under torchrun or accelerate, the ranks that would generate: not supported yet, leave []; on one "
+        "machine the run starts its own rollout worker.",
     )
 
     def __post_init__(self) -> None:
