@@ -51,14 +51,20 @@ BENCH_OVERRIDES = [
 COLUMNS = ("step_s", "rollout_s", "advantage_s", "update_s", "kept_ratio", "response_tokens_mean")
 
 
-def run_variant(args: argparse.Namespace, variant: str, run_dir: Path) -> list[dict[str, float]]:
-    """Train `args.steps` steps of one variant; per-step timings and kept ratio from metrics.jsonl."""
+def train_records(args: argparse.Namespace, variant: list[str], run_dir: Path) -> list[dict]:
+    """Train `args.steps` steps of `args.preset` with the benchmark's overrides, then `variant`'s, then the
+    command line's; returns the run's metrics.jsonl records."""
     model = [] if args.model == "tiny" else [f"model.path={args.model}"]
     overrides = [*BENCH_OVERRIDES, *model, f"model.device={args.device}", f"trainer.total_steps={args.steps}",
-                 f"trainer.run_dir={run_dir}", *VARIANTS[variant], *args.overrides]
+                 f"trainer.run_dir={run_dir}", *variant, *args.overrides]
     train(load_config(args.preset, overrides))
+    return read_metrics(run_dir)
+
+
+def run_variant(args: argparse.Namespace, variant: str, run_dir: Path) -> list[dict[str, float]]:
+    """Train `args.steps` steps of one variant; per-step timings and kept ratio from metrics.jsonl."""
     rows = []
-    for record in read_metrics(run_dir):
+    for record in train_records(args, VARIANTS[variant], run_dir):
         if record["step"] < 1:
             continue
         rows.append({

@@ -28,6 +28,7 @@ import logging
 import math
 import multiprocessing as mp
 import os
+import signal
 import tempfile
 import time
 import traceback
@@ -186,7 +187,11 @@ class AsyncRollouts:
 
 
 def _worker_main(config: Config, run_dir: Path, store_path: str, start: int, threads: int, parent: int) -> None:
-    """The worker process: join the world as rank 1, then play steps start+1 .. trainer.total_steps."""
+    """The worker process: join the world as rank 1, then play steps start+1 .. trainer.total_steps.
+
+    Ctrl-C reaches the whole terminal's process group: the worker ignores it, and the trainer, which
+    finishes its step and checkpoints first (`_Interrupts`), stops it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(threads)
     store = dist.FileStore(store_path, 2)
     store.set(READY, "1")
@@ -232,10 +237,13 @@ class _Worker:
         self.receive(block=True)  # the trainer's weights at the start
         for step in range(self.start + 1, self.config.trainer.total_steps + 1):
             self._check_parent()
+            start = time.perf_counter()
             while self.version < step - 1 - k:
                 self.receive(block=True)
             self.receive(block=False)  # whatever newer weights have arrived
+            waited = time.perf_counter()
             trajectories, metrics = self.rollout_phase(self.state, step, candidates(self.config), self.version)
+            metrics |= {"async/worker_wait_s": waited - start, "async/worker_rollout_s": time.perf_counter() - waited}
             sends = [w for w in sends if not w.is_completed()]
             sends += distributed.send_object(("groups", step, self.version, trajectories, metrics), WORKER,
                                               self.groups.finished)
