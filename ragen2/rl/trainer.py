@@ -27,6 +27,10 @@ except the weights and optimizer state, which checkpoints hold, so a run resumed
 checkpoint samples and updates exactly as the uninterrupted run would (bit for bit on CPU;
 GPU kernels may differ in the last bits).
 
+Asynchronous training (`async.enable`, `async.max_staleness` > 0; ragen2.rl.async_rollout): the
+same step, with the rollout on a worker process that plays the steps ahead with weights at most
+`async.max_staleness` updates old (docs/scaling.md).
+
 Data parallelism: under `torchrun` or `accelerate launch` each process rolls out its share of
 the groups and the phases run on the gathered batch, so N processes select the same groups,
 log the same metrics and apply the same updates as one process with the same config, up to
@@ -887,7 +891,7 @@ def skip_step(run: Run, step: int, metrics: dict[str, float], nonfinite: bool = 
     zero, f = metrics["rollout/frac_zero_variance"], run.config.filter
     if not metrics["filter/kept_groups"]:
         reason = (
-            f"no group kept: {zero:.0%} of the {run.config.rollout.num_groups} groups have zero reward variance "
+            f"no group kept: {zero:.0%} of the {candidates(run.config)} groups have zero reward variance "
             f"(std <= filter.zero_tol={f.zero_tol})"
             + ("" if zero == 1 else f", and filter.strategy={f.strategy} kept none of the others"
                + (f" (top_p keeps none when filter.value x their summed score <= filter.selection_eps="
