@@ -3,7 +3,7 @@ while the trainer updates (docs/scaling.md, "Asynchronous training").
 
 Two roles in one torch.distributed world over gloo: the trainer (rank 0) and the worker (rank 1), each
 with its role group (inside it, ragen2.rl.distributed sees a world of one, so every phase runs as in a
-single process), plus a group of both for the weights.
+single process), plus two groups of both: one carries the weights, the other the finished groups.
 
     worker   plays step s's candidate groups with `rollout_phase` (the seeds and sample streams of step s,
              so a group is the same whoever plays it), stamps them with its weights' version, and sends
@@ -23,8 +23,6 @@ either stops are lost: `--resume` regenerates them from the checkpoint's weights
 from __future__ import annotations
 
 import contextlib
-import datetime
-import logging
 import math
 import multiprocessing as mp
 import os
@@ -45,8 +43,6 @@ from ragen2.errors import ConfigError, RolloutWorkerError
 from ragen2.models.loading import resolve_device
 from ragen2.rl import distributed
 from ragen2.rl.run import Run, load_trainable_policy
-
-log = logging.getLogger(__name__)
 
 TRAINER, WORKER = 0, 1  # global ranks on one machine
 READY = "worker_ready"  # store key the worker sets before it joins the process group
@@ -195,8 +191,7 @@ def _worker_main(config: Config, run_dir: Path, store_path: str, start: int, thr
     torch.set_num_threads(threads)
     store = dist.FileStore(store_path, 2)
     store.set(READY, "1")
-    dist.init_process_group("gloo", store=store, rank=WORKER, world_size=2,
-                            timeout=datetime.timedelta(seconds=distributed.TIMEOUT.total_seconds()))
+    dist.init_process_group("gloo", store=store, rank=WORKER, world_size=2, timeout=distributed.TIMEOUT)
     groups = _make_groups()
     try:
         with distributed.role(groups.rollouts):
@@ -216,6 +211,9 @@ def _check_parent(parent: int) -> None:
 
 
 class _Worker:
+    """The worker's state: its copy of the policy (the trainable tensors replaced by each version it
+    receives), a Run holding what `rollout_phase` reads, and the broadcast of weights it is waiting on."""
+
     def __init__(self, config: Config, run_dir: Path, groups: _Groups, start: int, parent: int):
         from ragen2.rl.trainer import rollout_phase  # the trainer imports this module
 
