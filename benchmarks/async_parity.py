@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from async_step_time import VARIANTS
-from filter_step_time import train_records
+from filter_step_time import add_run_arguments, train_records
 
 
 def mean_se(values: list[float]) -> tuple[float, float]:
@@ -34,14 +34,10 @@ def mean_se(values: list[float]) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="tiny", help="Model directory or 'tiny' (the cached warm-started policy).")
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--preset", default="bandit")
-    parser.add_argument("--steps", type=int, default=15)
+    add_run_arguments(parser, "bandit", 15)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each process.")
     parser.add_argument("--out", default="async_parity.json")
-    parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(args.threads)

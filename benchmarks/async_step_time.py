@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from filter_step_time import train_records
+from filter_step_time import add_run_arguments, train_records
 from step_throughput import step_time
 
 VARIANTS = {"sync": [], "async": ["async.enable=true", "async.max_staleness=1"]}
@@ -57,15 +57,11 @@ def run_variant(args: argparse.Namespace, variant: str, run_dir: Path) -> list[d
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="tiny", help="Model directory or 'tiny' (the cached warm-started policy).")
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--preset", default="sokoban")
-    parser.add_argument("--steps", type=int, default=4)
+    add_run_arguments(parser, "sokoban", 4)
     parser.add_argument("--skip", type=int, default=1, help="Leading steps left out (the worker's start-up).")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each process.")
     parser.add_argument("--out", default="async_step_time.json")
-    parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(args.threads)
