@@ -209,6 +209,10 @@ def run_header(config: Config, run_dir: Path, device: torch.device) -> str:
     lora = f", LoRA rank {m.lora_rank}" if m.lora_rank > 0 else ""
     steps = (f"{_count(config.trainer.total_steps, 'step')} of {_count(r.num_groups, 'group')} x "
              f"{_count(r.group_size, 'episode')}")
+    c = config.async_
+    if c.enable and c.max_staleness > 0:
+        steps += (f", asynchronous (a rollout worker, staleness <= {c.max_staleness}"
+                  + (f", {c.oversample:g}x candidates" if c.oversample != 1 else "") + ")")
     return (f"run {run_dir}: {task_name(config)}, {config.algo.name}, filter {filtering}; "
             f"model {m.path or 'tiny (built-in)'}{lora} on {device}; {steps}\n"
             f"  config: {run_dir / 'config.yaml'} (printed with -v)")
