@@ -15,11 +15,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from ragen2.config import config_from_file, load_config
 from ragen2.errors import ConfigError, RolloutWorkerError
 from ragen2.filtering import group_scores
 from ragen2.rl import trainer
+from ragen2.rl.async_rollout import rollout_worker, trainable
+from ragen2.rl.batch import build_batch
 from ragen2.rl.checkpoint import latest_step
 from ragen2.tracking import read_metrics
 
@@ -118,6 +121,35 @@ def test_staleness_one_trains_on_groups_from_a_rollout_worker(policy_dir, tmp_pa
     assert all(r["rollout_corr/is_weight_max"] != 1.0 for r in stale)  # weights of a policy that moved
     assert config_from_file(tmp_path / "async" / "config.yaml").algo.rollout_is == "token"
     assert not multiprocessing.active_children()
+
+
+def test_the_worker_samples_with_the_weights_it_was_sent(policy_dir, tmp_path):
+    """Groups of version 1 were sampled by exactly the weights pushed as version 1: their behaviour log-probs
+    are the pushed policy's, teacher-forced, and not the initial policy's."""
+    run = trainer.setup(tiny(policy_dir, tmp_path / "run", "async.enable=true", "async.max_staleness=1"))
+    initial = [p.detach().clone() for p in trainable(run.policy)]
+    with rollout_worker(run):
+        run.rollouts.take(1)
+        with torch.no_grad():
+            for p in trainable(run.policy):
+                p.add_(0.5 * torch.randn_like(p))
+        run.rollouts.push(run.policy, 1)
+        step3, _ = run.rollouts.take(3)  # needs version >= 1, and only version 1 exists
+    assert {t.policy_version for t in step3} == {1}
+    batch = build_batch(step3, run.tokenizer.pad_token_id)
+    valid = batch.mask.bool()
+
+    def logprobs() -> torch.Tensor:
+        with torch.no_grad():
+            return trainer._in_micro_batches(lambda mb: trainer._logprobs(run.policy, mb), batch, 2)
+
+    assert (logprobs() - batch.rollout_logp)[valid].abs().max() < 1e-4
+    with torch.no_grad():
+        for p, before in zip(trainable(run.policy), initial):
+            p.copy_(before)
+    assert (logprobs() - batch.rollout_logp)[valid].abs().max() > 1e-2
+    assert not multiprocessing.active_children()
+    run.tracker.close()
 
 
 def test_oversampled_candidates_are_admitted_by_the_filter(small_bandit_policy, tmp_path):
