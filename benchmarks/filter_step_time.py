@@ -51,14 +51,29 @@ BENCH_OVERRIDES = [
 COLUMNS = ("step_s", "rollout_s", "advantage_s", "update_s", "kept_ratio", "response_tokens_mean")
 
 
-def run_variant(args: argparse.Namespace, variant: str, run_dir: Path) -> list[dict[str, float]]:
-    """Train `args.steps` steps of one variant; per-step timings and kept ratio from metrics.jsonl."""
+def train_records(args: argparse.Namespace, variant: list[str], run_dir: Path) -> list[dict]:
+    """Train `args.steps` steps of `args.preset` with the benchmark's overrides, then `variant`'s, then the
+    command line's; returns the run's metrics.jsonl records."""
     model = [] if args.model == "tiny" else [f"model.path={args.model}"]
     overrides = [*BENCH_OVERRIDES, *model, f"model.device={args.device}", f"trainer.total_steps={args.steps}",
-                 f"trainer.run_dir={run_dir}", *VARIANTS[variant], *args.overrides]
+                 f"trainer.run_dir={run_dir}", *variant, *args.overrides]
     train(load_config(args.preset, overrides))
+    return read_metrics(run_dir)
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, preset: str, steps: int) -> None:
+    """The options `train_records` reads: --model, --device, --preset, --steps and the overrides."""
+    parser.add_argument("--model", default="tiny", help="Model directory or 'tiny' (the cached warm-started policy).")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--preset", default=preset, help="Config preset, e.g. sokoban or sokoban-ppo.")
+    parser.add_argument("--steps", type=int, default=steps, help="Training steps per run.")
+    parser.add_argument("overrides", nargs="*", help="Config overrides for every run, e.g. rollout.num_groups=16.")
+
+
+def run_variant(args: argparse.Namespace, variant: str, run_dir: Path) -> list[dict[str, float]]:
+    """Train `args.steps` steps of one variant; per-step timings and kept ratio from metrics.jsonl."""
     rows = []
-    for record in read_metrics(run_dir):
+    for record in train_records(args, VARIANTS[variant], run_dir):
         if record["step"] < 1:
             continue
         rows.append({
@@ -76,14 +91,10 @@ def run_variant(args: argparse.Namespace, variant: str, run_dir: Path) -> list[d
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="tiny", help="Model directory or 'tiny' (the cached warm-started policy).")
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--preset", default="sokoban", help="Config preset, e.g. sokoban or sokoban-ppo.")
-    parser.add_argument("--steps", type=int, default=4, help="Training steps per run.")
+    add_run_arguments(parser, "sokoban", 4)
     parser.add_argument("--skip", type=int, default=1, help="First steps of each run left out of the means (warm-up).")
     parser.add_argument("--repeats", type=int, default=1, help="Runs per variant, alternating the order.")
     parser.add_argument("--out", default=None, help="Write the results as JSON here.")
-    parser.add_argument("overrides", nargs="*", help="Config overrides for both runs, e.g. rollout.num_groups=16.")
     args = parser.parse_args()
     if args.skip >= args.steps:
         parser.error(f"--skip {args.skip} leaves no step to measure out of --steps {args.steps}")

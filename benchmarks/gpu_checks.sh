@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU checks recorded in docs/benchmarks.md and docs/results.md, in one script (about 8 minutes
-# on one H200):
+# on one H200 for stages 1-4; stage 5 is new and not yet timed):
 #   1. the default run (`ragen2 train`: tiny policy, Sokoban, GRPO, filter and diagnostics on) on
 #      CUDA, 1 process, HF backend: step time, generated tokens/s and peak memory
 #      (benchmarks/step_throughput.py, Part 1); the same on the machine's CPU cores as the baseline;
@@ -12,6 +12,9 @@
 #      vLLM imports; on a random model with Qwen2.5-0.5B's layers, and on SmolLM2-135M when
 #      SMOLLM2=path/to/SmolLM2-135M-Instruct.Q4_1.gguf is there (the machine cannot download; the
 #      98 MB file goes over in two parts, `split -b 60M`, joined with `cat` before this script).
+#   5. the default run asynchronous (a rollout worker, async.max_staleness=1) against synchronous on
+#      $DEVICE, time per update in the same run (benchmarks/async_step_time.py); both processes share
+#      the GPU, and the weights go to the worker over gloo.
 # Usage: OUT=results_dir bash benchmarks/gpu_checks.sh
 # The variables below shrink it for a rehearsal on a CPU (DEVICE=cpu and small settings);
 # DEADLINE_S stops the sweep in time to pack what it has when the whole script must end by then.
@@ -65,4 +68,7 @@ for model in random-0.5b ${SMOLLM2:-}; do
   $PY benchmarks/generation.py --model "$model" --device "$DEVICE" --groups 8 --group-size 16 $vllm_flag \
     --out "$OUT/generation_$(basename "$model").json" || echo "generation benchmark on $model failed"
 done
+stage "5. async (staleness 1) vs sync, default run on $DEVICE"
+$PY benchmarks/async_step_time.py --device "$DEVICE" --steps "$DEFAULT_STEPS" --repeats 2 \
+  --out "$OUT/async_$DEVICE.json" || echo "async benchmark failed"
 stage "done"

@@ -559,23 +559,24 @@ class AgentConfig:
 
 @dataclass
 class AsyncConfig:
-    """Asynchronous training (docs/scaling.md): rollouts on their own ranks while the trainer updates."""
+    """Asynchronous training (docs/scaling.md): a rollout worker generates while the trainer updates."""
 
     enable: bool = _f(
-        False, "Train asynchronously: rollout workers keep producing groups while the trainer updates, with at "
-        "most async.max_staleness updates between a sample's generation and its training.",
+        False, "Train asynchronously: above async.max_staleness=0, `ragen2 train` starts a rollout worker process that "
+        "keeps producing groups while the trainer updates; logs async/ metrics.",
     )
     max_staleness: int = _f(
         1, "Largest number of updates between a sample's generation and its training; 0 is the synchronous run "
-        "exactly (same samples, same metrics).",
+        "exactly (same samples, same metrics, no worker). Above 0, algo.rollout_is=token is the default unless "
+        "algo.rollout_is is set.",
     )
     oversample: float = _f(
-        1.0, "Candidate groups the filter ranks per step, as a multiple of rollout.num_groups (admission control "
-        "over the buffer of finished groups).",
+        1.0, "Candidate groups the filter ranks per step, as a multiple of rollout.num_groups; it keeps at most "
+        "rollout.num_groups of them (admission control). One environment, filter.level=prompt.",
     )
     rollout_ranks: list[int] = _f(
-        [], "Under torchrun or accelerate, the ranks that generate; the others train. [] on one process: the run "
-        "starts its own rollout worker.",
+        [], "Under torchrun or accelerate, the ranks that would generate: not supported yet, leave []; on one "
+        "machine the run starts its own rollout worker.",
     )
 
     def __post_init__(self) -> None:
@@ -837,9 +838,21 @@ def load_config(preset: str | None = None, overrides: list[str] | None = None) -
             item = f"env.name={value}"
         layers.append(OmegaConf.from_dotlist([item]))
     merged = OmegaConf.to_container(OmegaConf.merge(*layers), resolve=True) if layers else {}
-    config = _build(Config, merged, "")
+    config = _build(Config, _async_defaults(merged), "")
     validate(config)
     return config
+
+
+def _async_defaults(merged: dict[str, Any]) -> dict[str, Any]:
+    """With async.enable and async.max_staleness above 0, algo.rollout_is=token (truncated at
+    algo.rollout_is_threshold, 2.0) unless a layer sets algo.rollout_is, null included: stale samples
+    are corrected by default."""
+    a = merged.get("async") or {}
+    staleness = a.get("max_staleness", AsyncConfig.max_staleness)
+    if a.get("enable") and isinstance(staleness, int) and staleness > 0 and "rollout_is" not in (
+            merged.get("algo") or {}):
+        merged = {**merged, "algo": {**(merged.get("algo") or {}), "rollout_is": "token"}}
+    return merged
 
 
 # Largest learning rate `validate` accepts. Adam moves each weight by about lr per step, so above 1 one
@@ -898,7 +911,7 @@ def validate(config: Config) -> None:
         _validate_agent(config)
     else:
         _validate_env(config)
-    _validate_async(config.async_)
+    _validate_async(config)
     r, a = config.rollout, config.algo
     for key, value in [
         ("algo.ppo_epochs", a.ppo_epochs),
@@ -1019,16 +1032,27 @@ def validate(config: Config) -> None:
         raise ConfigError("algo.clip_low and algo.clip_high must be >= 0")
 
 
-def _validate_async(c: AsyncConfig) -> None:
-    """What runs of asynchronous training today: its synchronous limit (docs/scaling.md, "in progress")."""
+def _validate_async(config: Config) -> None:
+    """What asynchronous training runs today (docs/scaling.md): one machine, one trainer process and its rollout
+    worker, on the HF backend and the environment loop; the filter ranks extra candidates at prompt level."""
+    c = config.async_
     if not c.enable:
         return
+    if c.rollout_ranks:
+        raise ConfigError(f"async.rollout_ranks={c.rollout_ranks} is not supported yet: roles over several "
+                          "processes or nodes are not done (docs/scaling.md); leave it [] and `ragen2 train` "
+                          "starts its own rollout worker on this machine")
     if c.max_staleness > 0:
-        raise ConfigError(f"async.max_staleness={c.max_staleness} is not supported yet: the rollout workers are "
-                          "in progress (docs/scaling.md); async.max_staleness=0 runs, as the synchronous schedule")
-    if c.oversample != 1 or c.rollout_ranks:
-        raise ConfigError(f"async.oversample={c.oversample} and async.rollout_ranks={c.rollout_ranks} are not "
-                          "supported yet (docs/scaling.md): leave them at 1 and []")
+        for key, value, allowed in [("rollout.backend", config.rollout.backend, "hf"),
+                                    ("agent.entrypoint", config.agent.entrypoint, None),
+                                    ("model.fsdp", config.model.fsdp, False)]:
+            if value != allowed:
+                raise ConfigError(f"{key}={value} does not work with async.max_staleness={c.max_staleness} yet "
+                                  f"(the rollout worker runs {key}={allowed} only); use async.max_staleness=0")
+    if c.oversample != 1:
+        if config.env.mixture is not None or config.filter.level != "prompt":
+            raise ConfigError(f"async.oversample={c.oversample} needs one environment and filter.level=prompt "
+                              "(extra candidates of a mixture or of anchor groups are not supported): leave it at 1")
 
 
 def _validate_env(config: Config) -> None:

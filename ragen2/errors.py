@@ -33,6 +33,10 @@ class DivergedError(Ragen2Error, RuntimeError):
     """Training made the policy's weights or outputs non-finite (too high a learning rate, as a rule)."""
 
 
+class RolloutWorkerError(Ragen2Error, RuntimeError):
+    """An asynchronous run's rollout worker died or failed, so the run stops (resume from its last checkpoint)."""
+
+
 def did_you_mean(name: str, choices: Iterable[str], n: int = 3, shown: Callable[[str], str] = str) -> str:
     """Return ' Did you mean: a, b?' for the closest choices, or '' when none is close.
 

@@ -33,9 +33,10 @@ class TaggedEnv:
     count: int = 0  # training: groups per step; evaluation: episodes per evaluation
 
 
-def training_envs(config: Config) -> list[TaggedEnv]:
-    """The training environments with their groups per step (the single-environment form: one, with all groups)."""
-    P = config.rollout.num_groups
+def training_envs(config: Config, num_groups: int | None = None) -> list[TaggedEnv]:
+    """The training environments with their groups per step (the single-environment form: one, with all groups);
+    `num_groups` in place of rollout.num_groups (async.oversample's candidates, single environment only)."""
+    P = num_groups or config.rollout.num_groups
     if config.env.mixture is None:
         return [TaggedEnv(config.env.name, config.env.kwargs, config.env.name, P)]
     entries = config.env.mixture

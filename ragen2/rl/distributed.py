@@ -21,6 +21,11 @@ step like this (docs/scaling.md):
 
 One process (no WORLD_SIZE, or WORLD_SIZE=1) sends no messages: every function here then
 does what a single process needs (all rows, its own objects, no reductions).
+
+Asynchronous training puts processes of two roles (trainer, rollout worker) in one world. Inside
+`role(group)` the functions above see only the process's role group: a lone trainer is rank 0 of
+1, whatever the world. The roles talk by `send_object` / `recv_object` and by broadcasts, on groups of
+their own (ragen2.rl.async_rollout).
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import pickle
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -43,12 +50,32 @@ T = TypeVar("T")
 TIMEOUT = datetime.timedelta(hours=2)
 
 
+# This process's role group while roles share the world (`role`); None: the whole world is one role.
+_role_group: dist.ProcessGroup | None = None
+
+
 def rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
+    return dist.get_rank(_role_group) if dist.is_initialized() else 0
 
 
 def world_size() -> int:
-    return dist.get_world_size() if dist.is_initialized() else 1
+    return dist.get_world_size(_role_group) if dist.is_initialized() else 1
+
+
+@contextlib.contextmanager
+def role(group: dist.ProcessGroup) -> Iterator[None]:
+    """Within: rank, world size and the collectives here are those of `group`, this process's role."""
+    global _role_group
+    previous, _role_group = _role_group, group
+    try:
+        yield
+    finally:
+        _role_group = previous
+
+
+def _root() -> int:
+    """The global rank of rank 0 of this process's role."""
+    return 0 if _role_group is None else dist.get_global_rank(_role_group, 0)
 
 
 def is_main() -> bool:
@@ -103,14 +130,14 @@ def gather_objects(items: list[T]) -> list[T]:
     if world_size() == 1:
         return items
     parts: list[list[T] | None] = [None] * world_size()
-    dist.all_gather_object(parts, items)
+    dist.all_gather_object(parts, items, group=_role_group)
     return [item for part in parts for item in part]
 
 
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     """Sum `tensor` over ranks, in place, and return it."""
     if world_size() > 1:
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=_role_group)
     return tensor
 
 
@@ -125,7 +152,7 @@ def all_reduce_grads(parameters: list[torch.nn.Parameter]) -> None:
     for p in parameters:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-    handles = [dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, async_op=True) for p in parameters]
+    handles = [dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, async_op=True, group=_role_group) for p in parameters]
     for handle in handles:
         handle.wait()
 
@@ -135,7 +162,7 @@ def broadcast_object(obj: T) -> T:
     if world_size() == 1:
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=_root(), group=_role_group)
     return box[0]
 
 
@@ -156,6 +183,37 @@ def on_main(fn: Callable[[], T]) -> T:
     if not ok:
         raise value
     return value
+
+
+def send_object(obj: Any, src: int, group: dist.ProcessGroup) -> list[dist.Work]:
+    """Start sending a picklable `obj` from this process, global rank `src`, to the other member of `group`,
+    a group of two; returns the operations, to keep until they complete. The receiver calls `recv_object`.
+
+    The size, then the bytes, each as a broadcast: gloo completes a point-to-point receive only inside
+    `wait()`, so a receiver could not watch for a dead sender while it waits; a broadcast it can poll.
+    """
+    data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+    size = torch.tensor([data.numel()], dtype=torch.int64)
+    return [dist.broadcast(t, src, group=group, async_op=True) for t in (size, data)]
+
+
+def recv_object(src: int, group: dist.ProcessGroup, alive: Callable[[], None] = lambda: None,
+                poll_s: float = 0.01) -> Any:
+    """The next object global rank `src` sends on `group` with `send_object`. While waiting, `alive()` is
+    called every `poll_s` seconds: it raises when the sender is gone, so a dead peer ends the wait."""
+    size = torch.zeros(1, dtype=torch.int64)
+    wait(dist.broadcast(size, src, group=group, async_op=True), alive, poll_s)
+    data = torch.empty(int(size.item()), dtype=torch.uint8)
+    wait(dist.broadcast(data, src, group=group, async_op=True), alive, poll_s)
+    return pickle.loads(data.numpy().tobytes())
+
+
+def wait(work: dist.Work, alive: Callable[[], None], poll_s: float = 0.01) -> None:
+    """Wait for an asynchronous operation, calling `alive()` (which raises if the peer is gone) as it runs."""
+    while not work.is_completed():
+        alive()
+        time.sleep(poll_s)
+    work.wait()
 
 
 class SilentTracker:

@@ -45,6 +45,7 @@ from ragen2.serve.entrypoint import agent_name
 from ragen2.tracking import Tracker
 
 if TYPE_CHECKING:
+    from ragen2.rl.async_rollout import AsyncRollouts
     from ragen2.serve.agent_loop import AgentRunner
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,7 @@ class Run:
     # has already moved the live state, and the checkpoint written then must not include that move.
     diagnostics_at_step: dict | None = None
     agent: AgentRunner | None = None  # agent.entrypoint: its endpoint and function, made at the first rollout
+    rollouts: AsyncRollouts | None = None  # async.max_staleness > 0: the rollout worker's end in the trainer
 
 
 def setup(config: Config, resume_dir: Path | None = None) -> Run:
@@ -143,7 +145,7 @@ def _build_run(config: Config, run_dir: Path, checkpoint: Checkpoint | None) -> 
         log.info("%s", run_header(config, run_dir, device))
         log.debug("resolved config:\n%s", yaml.safe_dump(to_dict(config), sort_keys=False))
     torch.manual_seed(config.trainer.seed)  # initialisation of new heads and adapters
-    policy, tokenizer = _load_trainable_policy(config, device, checkpoint)
+    policy, tokenizer = load_trainable_policy(config, device, checkpoint)
     critic = None
     if config.algo.name == "ppo":
         source = checkpoint.critic_path if checkpoint else None
@@ -207,6 +209,10 @@ def run_header(config: Config, run_dir: Path, device: torch.device) -> str:
     lora = f", LoRA rank {m.lora_rank}" if m.lora_rank > 0 else ""
     steps = (f"{_count(config.trainer.total_steps, 'step')} of {_count(r.num_groups, 'group')} x "
              f"{_count(r.group_size, 'episode')}")
+    c = config.async_
+    if c.enable and c.max_staleness > 0:
+        steps += (f", asynchronous (a rollout worker, staleness <= {c.max_staleness}"
+                  + (f", {c.oversample:g}x candidates" if c.oversample != 1 else "") + ")")
     return (f"run {run_dir}: {task_name(config)}, {config.algo.name}, filter {filtering}; "
             f"model {m.path or 'tiny (built-in)'}{lora} on {device}; {steps}\n"
             f"  config: {run_dir / 'config.yaml'} (printed with -v)")
@@ -254,7 +260,7 @@ def _new_run_dir(config: Config) -> Path:
     return run_dir
 
 
-def _load_trainable_policy(config: Config, device: torch.device, checkpoint) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def load_trainable_policy(config: Config, device: torch.device, checkpoint) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The policy (from the checkpoint when resuming), with LoRA and gradient checkpointing as configured."""
     m = config.model
     try:

@@ -27,6 +27,10 @@ except the weights and optimizer state, which checkpoints hold, so a run resumed
 checkpoint samples and updates exactly as the uninterrupted run would (bit for bit on CPU;
 GPU kernels may differ in the last bits).
 
+Asynchronous training (`async.enable`, `async.max_staleness` > 0; ragen2.rl.async_rollout): the
+same step, with the rollout on a worker process that plays the steps ahead with weights at most
+`async.max_staleness` updates old (docs/scaling.md).
+
 Data parallelism: under `torchrun` or `accelerate launch` each process rolls out its share of
 the groups and the phases run on the gathered batch, so N processes select the same groups,
 log the same metrics and apply the same updates as one process with the same config, up to
@@ -68,6 +72,7 @@ from ragen2.envs import EVAL_SEED_OFFSET
 from ragen2.errors import ConfigError, DivergedError
 from ragen2.evaluate import evaluate, evaluate_agent, evaluate_mixture, write_rollout_records
 from ragen2.filtering import (
+    group_scores,
     group_stats,
     loss_scale,
     select_anchor_turns,
@@ -79,6 +84,7 @@ from ragen2.mixture import eval_envs, is_mixture, per_group, tagged_metrics, tra
 from ragen2.models.loading import resolve_device
 from ragen2.progress import Progress
 from ragen2.rl import distributed, fsdp
+from ragen2.rl.async_rollout import candidates, rollout_worker
 from ragen2.rl.advantages import (
     bi_level_gae,
     broadcast_to_tokens,
@@ -164,7 +170,9 @@ def train(config: Config, resume_dir: Path | None = None) -> str:
     with distributed.process_group(resolve_device(config.model.device).type):
         run = setup(config, resume_dir)
         try:
-            _train_loop(run)
+            asynchronous = config.async_.enable and config.async_.max_staleness > 0
+            with rollout_worker(run) if asynchronous else contextlib.nullcontext():
+                _train_loop(run)
             return summary_table(run) if distributed.is_main() else ""
         finally:
             if run.agent is not None:
@@ -208,25 +216,54 @@ def _train_loop(run: Run) -> None:
 
 
 def training_step(run: Run, step: int, interrupts: _Interrupts) -> dict[str, float]:
-    """One RL iteration, phase by phase; returns the metrics it logged for `step`."""
-    cfg = run.config.trainer
+    """One RL iteration, phase by phase; returns the metrics it logged for `step`.
+
+    Two halves meet at the filter: `produce_groups` (rollout, or a rollout worker's finished groups with
+    `async.*`, and the diagnostics) and `train_on_kept` (advantages, update, evaluation, checkpoint,
+    logging). Both schedules run this same function; only where the groups come from differs.
+    """
     timer = _PhaseTimer()
-    diagnosed = run.diagnostics.should_run(step)
-    # On a diagnosed step the rollout's keys/values outlive it, up to the diagnostics: they score the
-    # rollout's prompts from them instead of encoding them again. Closed before the weights change.
-    keep = diagnosed and run.config.collapse.rollout_cache
-    with reuse_prefixes(backend_of(run), keep_finished=True) if keep else contextlib.nullcontext() as prefixes:
-        with timer("rollout"):
-            trajectories, metrics = rollout_phase(run, step)
-        save_training_samples(run, step, trajectories)
-        if diagnosed:
-            with timer("collapse"):
-                metrics |= diagnose_phase(run, trajectories, step, prefixes)
+    trajectories, metrics = produce_groups(run, step, timer)
     with timer("filter"):
         kept, filter_metrics = filter_phase(run, trajectories)
     metrics |= filter_metrics
     if run.config.async_.enable:
         metrics |= staleness_metrics(kept, step)
+    return train_on_kept(run, step, trajectories, kept, metrics, timer, interrupts)
+
+
+def produce_groups(run: Run, step: int, timer: _PhaseTimer) -> tuple[list[Trajectory], dict[str, float]]:
+    """The step's groups, every candidate the filter will rank, and their rollout and diagnostic metrics.
+
+    Synchronous: `rollout_phase` here, with the current weights. Asynchronous (`run.rollouts`): the groups
+    a rollout worker played for this step with weights at most `async.max_staleness` updates old;
+    `timing_s/rollout` is then the time the trainer waited for them.
+    """
+    diagnosed = run.diagnostics.should_run(step)
+    # On a diagnosed step the rollout's keys/values outlive it, up to the diagnostics: they score the
+    # rollout's prompts from them instead of encoding them again. Closed before the weights change.
+    keep = diagnosed and run.config.collapse.rollout_cache and run.rollouts is None
+    with reuse_prefixes(backend_of(run), keep_finished=True) if keep else contextlib.nullcontext() as prefixes:
+        with timer("rollout"):
+            if run.rollouts is not None:
+                trajectories, metrics = run.rollouts.take(step)
+            else:
+                trajectories, metrics = rollout_phase(run, step, candidates(run.config))
+        save_training_samples(run, step, trajectories)
+        if diagnosed:
+            with timer("collapse"):
+                metrics |= diagnose_phase(run, trajectories, step, prefixes)
+    return trajectories, metrics
+
+
+def train_on_kept(
+    run: Run, step: int, trajectories: list[Trajectory], kept: list[Trajectory], metrics: dict[str, float],
+    timer: _PhaseTimer, interrupts: _Interrupts,
+) -> dict[str, float]:
+    """The step from the filter's choice on: advantages and update of the kept groups (or a skipped step),
+    the new weights to the rollout engines, guards, evaluation, checkpoint and the step's log line."""
+    cfg = run.config.trainer
+    diagnosed = run.diagnostics.should_run(step)
     if run.config.grad_snr.enable and step > 1 and step % run.config.grad_snr.freq == 0:  # step 1: policy = reference
         with timer("grad_snr"):
             metrics |= grad_snr_phase(run, trajectories)
@@ -241,13 +278,14 @@ def training_step(run: Run, step: int, interrupts: _Interrupts) -> dict[str, flo
                                run.config.filter.loss_scale)
             with timer("update"):
                 metrics |= update_phase(run, batch, step, scale)
-                push_weights(run)
+                push_weights(run, step)
             if math.isfinite(metrics["train/grad_norm"]):
                 run.skipped_in_a_row = 0
             else:  # every policy optimizer step was dropped for a non-finite loss or gradient: no update
                 skip_step(run, step, metrics, nonfinite=True)
         else:
             skip_step(run, step, metrics)
+            push_weights(run, step)  # unchanged weights, but a waiting rollout worker may move on to the next version
         check_guards(run, step, metrics)
         run.stop_reason = distributed.broadcast_object(run.stop_reason)  # rank 0 decides: no rank stops alone
         last = step == cfg.total_steps or run.stop_reason is not None
@@ -260,6 +298,9 @@ def training_step(run: Run, step: int, interrupts: _Interrupts) -> dict[str, flo
             with timer("checkpoint"):
                 checkpoint_phase(run, step)
         metrics |= timer.metrics() | {"system/peak_memory_mb": _peak_memory_mb(run.device)}
+        if run.config.async_.enable:
+            metrics |= throughput_metrics(len(trajectories) // run.config.rollout.group_size,
+                                          int(metrics["filter/kept_groups"]), metrics["timing_s/step"])
         run.tracker.log(step, metrics)
         if save:  # only now, with the step's metrics on disk, may a resume start after it
             if distributed.is_main():
@@ -274,19 +315,23 @@ def training_step(run: Run, step: int, interrupts: _Interrupts) -> dict[str, flo
 # ----------------------------------------------------------------------------- phases
 
 
-def rollout_phase(run: Run, step: int) -> tuple[list[Trajectory], dict[str, float]]:
+def rollout_phase(
+    run: Run, step: int, num_groups: int | None = None, version: int | None = None
+) -> tuple[list[Trajectory], dict[str, float]]:
     """P x G episodes on training seeds; group g is G episodes of one environment seed.
 
     Every episode samples from its own stream, seeded by (trainer.seed, step, its index in
     the batch), so with several processes each rolls out its block of groups and the
-    gathered batch is the one a single process would have sampled.
+    gathered batch is the one a single process would have sampled. A rollout worker
+    (ragen2.rl.async_rollout) plays `num_groups` candidates instead of rollout.num_groups
+    (async.oversample) with weights of `version` (default: those the step's own update starts from).
     """
     cfg = run.config
-    P, G = cfg.rollout.num_groups, cfg.rollout.group_size
+    P, G = num_groups or cfg.rollout.num_groups, cfg.rollout.group_size
     base = derived_seed(cfg.trainer.seed, step, "env") % (EVAL_SEED_OFFSET - P)  # below the held-out seeds
     seeds, group_ids = group_seeds(base, P, G)
     sample_seeds = [derived_seed(cfg.trainer.seed, step, f"sample/{i}") for i in range(P * G)]
-    group_envs = per_group(training_envs(cfg))  # [P]: group g plays group_envs[g]
+    group_envs = per_group(training_envs(cfg, P))  # [P]: group g plays group_envs[g]
     episode_envs = [group_envs[g] for g in group_ids]
     groups = distributed.group_range(P)
     mine = slice(groups.start * G, groups.stop * G)  # this rank's episodes, group-major
@@ -302,7 +347,7 @@ def rollout_phase(run: Run, step: int) -> tuple[list[Trajectory], dict[str, floa
                 cfg=cfg.rollout, stats=stats, sample_seeds=sample_seeds[mine], episode_envs=episode_envs[mine],
             )
     for t in trajectories:
-        t.policy_version = step - 1  # the updates of steps 1 .. step-1 made the weights that sampled it
+        t.policy_version = step - 1 if version is None else version  # the steps whose updates made its weights
     trajectories = distributed.gather_objects(trajectories)  # all P x G, in group order, on every rank
     metrics = rollout_metrics(trajectories) | turn_signal_metrics(trajectories, cfg.algo.gamma) | {
         "timing_s/generate": stats.generate_s,
@@ -371,10 +416,13 @@ def make_backend(run: Run) -> GenerationBackend:
     return HFBackend(run.policy, run.tokenizer, prefix_reuse=r.prefix_reuse)
 
 
-def push_weights(run: Run) -> None:
-    """After an update, a vLLM engine gets the new weights, so the next rollout samples the policy being trained."""
+def push_weights(run: Run, step: int) -> None:
+    """After step `step`, a vLLM engine gets the new weights, so the next rollout samples the policy being
+    trained; with a rollout worker (async), they are sent to it as version `step`."""
     if isinstance(run.backend, VLLMBackend):
         run.backend.load_weights(run.policy)
+    if run.rollouts is not None:
+        run.rollouts.push(run.policy, step)
 
 
 def diagnose_phase(
@@ -391,7 +439,8 @@ def filter_phase(run: Run, trajectories: list[Trajectory]) -> tuple[list[Traject
     """SNR-aware filtering: keep whole groups, ranked by reward variance (or `filter.metric`), and with
     `filter.trajectory_keep` < 1 only the most spread-out episodes of each (trajectory-level filtering);
     with `filter.level=anchor`, GiGPO's anchor-state groups instead of prompt groups (`anchor_filter`)."""
-    f, P, G = run.config.filter, run.config.rollout.num_groups, run.config.rollout.group_size
+    f, G = run.config.filter, run.config.rollout.group_size
+    P = len(trajectories) // G  # rollout.num_groups, or more candidates with async.oversample
     rewards = np.array([t.episode_return for t in trajectories]).reshape(P, G)  # [P, G], group-major
     tags = [t.tag for t in trajectories[::G]]  # [P], each group's tag
     metrics = {f"rollout/{k}": v for k, v in group_stats(rewards, f.ddof, f.zero_tol).items()}
@@ -406,7 +455,8 @@ def filter_phase(run: Run, trajectories: list[Trajectory]) -> tuple[list[Traject
             kept_groups = select_groups_by_tag(rewards, tags, scores, **rule)
         else:
             kept_groups = select_groups(rewards, scores=scores, **rule)
-        kept = set(kept_groups.tolist())
+        kept = set(best_groups(kept_groups, group_scores(rewards, f.metric, f.ddof, scores), f.order,
+                               run.config.rollout.num_groups).tolist())
         spread = select_trajectories(rewards, f.trajectory_keep).reshape(-1)  # [P*G]; all True at trajectory_keep=1
         kept_trajectories = [t for t, keep in zip(trajectories, spread) if keep and t.group_id in kept and t.samples]
     metrics |= {
@@ -417,6 +467,22 @@ def filter_phase(run: Run, trajectories: list[Trajectory]) -> tuple[list[Traject
     if is_mixture(run.config):
         metrics |= tagged_metrics(lambda ids: _group_metrics(rewards[ids], ids, kept, f), range(P), tags)
     return kept_trajectories, metrics
+
+
+def best_groups(kept: np.ndarray, scores: np.ndarray, order: str, limit: int) -> np.ndarray:
+    """At most `limit` of the groups the filter `kept`, its best by `scores` (ties: the lower index),
+    ascending: with async.oversample the filter ranks more candidates than a step trains on."""
+    if len(kept) <= limit:
+        return kept
+    rank = np.argsort(-scores[kept] if order == "largest" else scores[kept], kind="stable")
+    return np.sort(kept[rank[:limit]])
+
+
+def throughput_metrics(candidates: int, kept: int, seconds: float) -> dict[str, float]:
+    """`async/`: groups per second of the step's wall time, every candidate (raw) and those the filter kept
+    (useful); with a rollout worker the step's time is the trainer's, generation overlapping it."""
+    return {"async/candidate_groups": float(candidates), "async/groups_per_s": candidates / seconds,
+            "async/kept_groups_per_s": kept / seconds}
 
 
 def staleness_metrics(kept: list[Trajectory], step: int) -> dict[str, float]:
@@ -825,7 +891,7 @@ def skip_step(run: Run, step: int, metrics: dict[str, float], nonfinite: bool = 
     zero, f = metrics["rollout/frac_zero_variance"], run.config.filter
     if not metrics["filter/kept_groups"]:
         reason = (
-            f"no group kept: {zero:.0%} of the {run.config.rollout.num_groups} groups have zero reward variance "
+            f"no group kept: {zero:.0%} of the {candidates(run.config)} groups have zero reward variance "
             f"(std <= filter.zero_tol={f.zero_tol})"
             + ("" if zero == 1 else f", and filter.strategy={f.strategy} kept none of the others"
                + (f" (top_p keeps none when filter.value x their summed score <= filter.selection_eps="
@@ -934,7 +1000,8 @@ def _pad_to_lockstep(batch: Batch, size: int, done: int, fn, backward: bool) -> 
 
 def _measured_scores(run: Run, trajectories: list[Trajectory], metric: str) -> np.ndarray | None:
     """Per-episode scores [P, G] for the filter metrics the returns do not contain."""
-    P, G = run.config.rollout.num_groups, run.config.rollout.group_size
+    G = run.config.rollout.group_size
+    P = len(trajectories) // G
     if metric == "length":
         return np.array([sum(len(t.response_ids) for t in traj.turns) for traj in trajectories], float).reshape(P, G)
     if metric not in ("entropy", "entropy_variance", "entropy_std"):

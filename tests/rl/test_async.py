@@ -1,16 +1,32 @@
-"""Asynchronous training as far as it runs today: its config section, the policy version of every sample,
-and its synchronous limit (async.max_staleness=0), which must be the synchronous run exactly."""
+"""Asynchronous training: its config section, the policy version of every sample, its synchronous limit
+(async.max_staleness=0, which must be the synchronous run exactly), the rollout worker process at staleness 1,
+admission of oversampled candidates by the filter, and what happens when the worker or the trainer is killed."""
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
 from ragen2.config import config_from_file, load_config
-from ragen2.errors import ConfigError
+from ragen2.errors import ConfigError, RolloutWorkerError
+from ragen2.filtering import group_scores
 from ragen2.rl import trainer
+from ragen2.rl.async_rollout import rollout_worker, trainable
+from ragen2.rl.batch import build_batch
+from ragen2.rl.checkpoint import latest_step
 from ragen2.tracking import read_metrics
+
+REPO = Path(__file__).resolve().parents[2]
 
 # Keys that differ between any two runs (wall-clock time, memory) or exist only in the asynchronous schedule.
 UNCOMPARED = ("timing_s/", "system/", "async/")
@@ -58,17 +74,170 @@ def test_samples_record_the_policy_version_that_drew_them(policy_dir, tmp_path):
     run.tracker.close()
 
 
-def test_the_async_section_round_trips_and_refuses_what_does_not_run_yet(policy_dir, tmp_path):
+def test_the_async_section_round_trips_and_refuses_what_does_not_run(policy_dir, tmp_path):
     config = tiny(policy_dir, tmp_path / "run", "async.enable=true", "async.max_staleness=0")
-    assert config.async_.enable and config.async_.max_staleness == 0
+    assert config.async_.enable and config.async_.max_staleness == 0 and config.algo.rollout_is is None
     trainer.setup(config).tracker.close()
     assert config_from_file(tmp_path / "run" / "config.yaml").async_ == config.async_
     assert "async:\n  enable: true" in (tmp_path / "run" / "config.yaml").read_text()
-    with pytest.raises(ConfigError, match="async.max_staleness=1 is not supported yet"):
-        tiny(policy_dir, tmp_path / "x", "async.enable=true")
-    with pytest.raises(ConfigError, match="async.oversample=2.0 .* not supported yet"):
-        tiny(policy_dir, tmp_path / "x", "async.enable=true", "async.max_staleness=0", "async.oversample=2")
+    # Above staleness 0 token-level TIS is the default, unless the user sets algo.rollout_is, null included.
+    assert tiny(policy_dir, tmp_path / "x", "async.enable=true").algo.rollout_is == "token"
+    assert tiny(policy_dir, tmp_path / "x", "async.enable=true", "algo.rollout_is=null").algo.rollout_is is None
+    assert tiny(policy_dir, tmp_path / "x", "async.enable=true", "algo.rollout_is=sequence").algo.rollout_is == \
+        "sequence"
+    with pytest.raises(ConfigError, match=r"async.rollout_ranks=\[0\] is not supported yet"):
+        tiny(policy_dir, tmp_path / "x", "async.enable=true", "async.rollout_ranks=[0]")
+    with pytest.raises(ConfigError, match="rollout.backend=vllm does not work with async.max_staleness=1"):
+        tiny(policy_dir, tmp_path / "x", "async.enable=true", "rollout.backend=vllm")
+    with pytest.raises(ConfigError, match="async.oversample=2.0 needs one environment and filter.level=prompt"):
+        tiny(policy_dir, tmp_path / "x", "async.enable=true", "async.oversample=2", "filter.level=anchor",
+             "algo.name=gigpo")
     with pytest.raises(ConfigError, match="async.max_staleness=-1 is not allowed"):
         tiny(policy_dir, tmp_path / "x", "async.max_staleness=-1")
     with pytest.raises(ConfigError, match="unknown config key 'async.enabel'.*async.enable"):
         tiny(policy_dir, tmp_path / "x", "async.enabel=true")
+
+
+def test_staleness_one_trains_on_groups_from_a_rollout_worker(policy_dir, tmp_path):
+    """A real worker process plays the groups; step 1's are the synchronous run's (same seeds and weights),
+    later ones are one update old, the importance weights correct them, and the worker is gone at the end."""
+    every_group = ("filter.strategy=none",)  # the random policy's groups all have zero variance
+    trainer.train(tiny(policy_dir, tmp_path / "sync", *every_group, "trainer.total_steps=1"))
+    trainer.train(tiny(policy_dir, tmp_path / "async", *every_group, "trainer.total_steps=4",
+                       "async.enable=true", "async.max_staleness=1"))
+    sync, records = read_metrics(tmp_path / "sync"), read_metrics(tmp_path / "async")
+    assert [r["step"] for r in records] == [0, 1, 2, 3, 4]
+    trained = records[1:]
+    rollout = [k for k in sync[1] if k.startswith("rollout/")]
+    assert rollout and {k: trained[0][k] for k in rollout} == {k: sync[1][k] for k in rollout}
+    assert all(r["async/staleness_max"] <= 1 for r in trained) and trained[0]["async/staleness_max"] == 0
+    assert sum(r["async/staleness_frac_1"] for r in trained) > 0  # the worker ran ahead of the updates
+    for r in trained:
+        assert r["async/staleness_frac_0"] + r["async/staleness_frac_1"] == 1.0
+        assert r["async/candidate_groups"] == 2 and r["filter/kept_groups"] == 2
+        assert r["async/kept_groups_per_s"] == r["async/groups_per_s"] > 0
+        assert 0 < r["rollout_corr/is_weight_mean"] and r["rollout_corr/is_weight_max"] <= 2.0
+    stale = [r for r in trained if r["async/staleness_frac_1"] == 1]
+    assert all(r["rollout_corr/is_weight_max"] != 1.0 for r in stale)  # weights of a policy that moved
+    assert config_from_file(tmp_path / "async" / "config.yaml").algo.rollout_is == "token"
+    assert not multiprocessing.active_children()
+
+
+def test_the_worker_samples_with_the_weights_it_was_sent(policy_dir, tmp_path):
+    """Groups of version 1 were sampled by exactly the weights pushed as version 1: their behaviour log-probs
+    are the pushed policy's, teacher-forced, and not the initial policy's."""
+    run = trainer.setup(tiny(policy_dir, tmp_path / "run", "async.enable=true", "async.max_staleness=1"))
+    initial = [p.detach().clone() for p in trainable(run.policy)]
+    with rollout_worker(run):
+        run.rollouts.take(1)
+        with torch.no_grad():
+            for p in trainable(run.policy):
+                p.add_(0.5 * torch.randn_like(p))
+        run.rollouts.push(run.policy, 1)
+        step3, _ = run.rollouts.take(3)  # needs version >= 1, and only version 1 exists
+    assert {t.policy_version for t in step3} == {1}
+    batch = build_batch(step3, run.tokenizer.pad_token_id)
+    valid = batch.mask.bool()
+
+    def logprobs() -> torch.Tensor:
+        with torch.no_grad():
+            return trainer._in_micro_batches(lambda mb: trainer._logprobs(run.policy, mb), batch, 2)
+
+    assert (logprobs() - batch.rollout_logp)[valid].abs().max() < 1e-4
+    with torch.no_grad():
+        for p, before in zip(trainable(run.policy), initial):
+            p.copy_(before)
+    assert (logprobs() - batch.rollout_logp)[valid].abs().max() > 1e-2
+    assert not multiprocessing.active_children()
+    run.tracker.close()
+
+
+def test_oversampled_candidates_are_admitted_by_the_filter(small_bandit_policy, tmp_path):
+    """async.oversample=2: the filter ranks 2P candidate groups and keeps at most P, the best by reward
+    variance; zero-variance groups never reach the update."""
+    config = tiny(small_bandit_policy, tmp_path / "run", "async.enable=true", "async.max_staleness=0",
+                  "async.oversample=2", "rollout.num_groups=3", "filter.include_zero=false",
+                  "filter.strategy=top_p", "filter.value=1.0", "rollout.temperature=1.5",
+                  "rollout.max_tokens_per_turn=64")
+    run = trainer.setup(config)
+    seen_kept = 0
+    for step in (1, 2, 3):
+        trajectories, _ = trainer.rollout_phase(run, step, trainer.candidates(config))
+        assert len(trajectories) == 6 * 4
+        kept, metrics = trainer.filter_phase(run, trajectories)
+        rewards = np.array([t.episode_return for t in trajectories]).reshape(6, 4)
+        variance = group_scores(rewards, "reward_variance")
+        groups = sorted({t.group_id for t in kept})
+        nonzero = [g for g in range(6) if rewards[g].std() > 1e-10]
+        best = sorted(sorted(nonzero, key=lambda g: (-variance[g], g))[:3])
+        assert groups == best and metrics["filter/kept_groups"] == len(best) <= 3
+        seen_kept = max(seen_kept, len(nonzero))
+    assert seen_kept > 3  # some step had more useful candidates than it could keep
+    run.tracker.close()
+
+
+def _worker_of_this_process() -> multiprocessing.Process | None:
+    return next((p for p in multiprocessing.active_children() if p.name == "ragen2-rollout-worker"), None)
+
+
+def test_a_killed_worker_stops_the_run_with_a_clear_message(policy_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    killed_at: list[float] = []
+
+    def kill_the_worker_after_step_1() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            worker = _worker_of_this_process()
+            if worker is not None and max(_logged_steps(run_dir), default=0) >= 1:
+                os.kill(worker.pid, signal.SIGKILL)
+                killed_at.append(time.monotonic())
+                return
+            time.sleep(0.02)
+
+    threading.Thread(target=kill_the_worker_after_step_1, daemon=True).start()
+    with pytest.raises(RolloutWorkerError, match=r"rollout worker \(pid \d+\) exited with code -9 .* --resume"):
+        trainer.train(tiny(policy_dir, run_dir, "filter.strategy=none", "trainer.total_steps=200",
+                           "trainer.eval_every=0", "async.enable=true", "async.max_staleness=1"))
+    assert killed_at and time.monotonic() - killed_at[0] < 30
+    assert 1 <= max(_logged_steps(run_dir)) < 200 and not multiprocessing.active_children()
+
+
+def _logged_steps(run_dir: Path) -> list[int]:
+    try:
+        return [r["step"] for r in read_metrics(run_dir)]
+    except (FileNotFoundError, ValueError):
+        return []
+
+
+@pytest.mark.slow
+def test_resume_after_the_trainer_is_killed(policy_dir, tmp_path):
+    """kill -9 of the trainer: its worker exits on its own, and --resume finishes the run from the last
+    checkpoint (the groups in flight are lost and played again)."""
+    import psutil
+
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", "ragen2", "train", "bandit", f"model.path={policy_dir}", "model.device=cpu",
+               f"trainer.run_dir={run_dir}", "rollout.num_groups=2", "rollout.group_size=4",
+               "rollout.max_tokens_per_turn=8", "trainer.total_steps=6", "trainer.save_every=2",
+               "trainer.eval_every=0", "algo.mini_batch_size=4", "algo.micro_batch_size=2", "filter.strategy=none",
+               "filter.include_zero=true", "logging.tensorboard=false", "async.enable=true", "async.max_staleness=1"]
+    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while (latest_step(run_dir) or 0) < 2 or max(_logged_steps(run_dir), default=0) <= 2:
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.monotonic() < deadline, "timed out waiting for the training subprocess"
+        time.sleep(0.02)
+    workers = psutil.Process(proc.pid).children()
+    assert len(workers) >= 1
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    _, alive = psutil.wait_procs(workers, timeout=30)
+    assert not alive, "the rollout worker outlived its trainer"
+    checkpoint = latest_step(run_dir)
+    resumed = subprocess.run([sys.executable, "-m", "ragen2", "train", "--resume", str(run_dir)], cwd=REPO, env=env,
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert [r["step"] for r in read_metrics(run_dir)] == [1, 2, 3, 4, 5, 6]
+    assert 2 <= checkpoint < 6 and latest_step(run_dir) == 6
+    assert all(r["async/staleness_max"] <= 1 for r in read_metrics(run_dir) if r["step"] > 0)

@@ -75,7 +75,7 @@ def test_after_an_update_the_engine_samples_the_updated_policy(policy_dir, tmp_p
         not torch.allclose(torch.tensor(o.logprobs), teacher_forced(run.policy, p, o.token_ids), atol=1e-4, rtol=0)
         for p, o in zip(prompts, stale)
     )
-    trainer.push_weights(run)
+    trainer.push_weights(run, 1)
     fresh = run.backend.generate(prompts, max_new_tokens=8, temperature=1.0, top_p=1.0, seeds=[0, 1, 2, 3])
     for prompt, out in zip(prompts, fresh):
         hf = teacher_forced(run.policy, prompt, out.token_ids)
