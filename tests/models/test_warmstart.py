@@ -301,6 +301,10 @@ def test_the_stop_ends_fine_tuning_at_a_check_and_its_settings_key_only_a_stoppi
     with pytest.raises(ConfigError, match="stop_at_success=1.5"):
         ws.WarmStartConfig(stop_at_success=1.5)
     assert ws.parse_settings(["stop_at_success=0.4", "check_every=25"]) == {"stop_at_success": 0.4, "check_every": 25}
+    from ragen2.models.base_warmstart import make_base_config
+
+    with pytest.raises(ConfigError, match="stop_at_success stops the tiny policy's warm start only"):
+        make_base_config("smollm2-135m", stop_at_success=0.4)
 
 
 def test_a_stopping_warm_start_records_its_checks_and_the_check_leaves_the_random_state_alone(tmp_path):
