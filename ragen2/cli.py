@@ -366,7 +366,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="Model and training settings over the defaults, for a larger policy on a GPU, e.g. hidden_size=512 "
         "num_layers=8 num_heads=8 num_kv_heads=4 intermediate_size=1536 lr=1e-3 (with --out, then "
         "model.path=OUT). Keys: episodes_per_env, vocab_size, hidden_size, num_layers, num_heads, num_kv_heads, "
-        "intermediate_size, steps, lr, warmup_steps, weight_decay, batch_tokens, grad_clip.",
+        "intermediate_size, steps, lr, warmup_steps, weight_decay, batch_tokens, grad_clip; stop_at_success=0.4 "
+        "(with check_every, check_episodes) stops at the first check whose validation success reaches 0.4.",
     )
     p.set_defaults(func=cmd_warmstart)
 

@@ -36,6 +36,13 @@ def eval_seeds(n: int) -> list[int]:
     return list(range(EVAL_SEED_OFFSET, EVAL_SEED_OFFSET + n))
 
 
+def validation_seeds(n: int) -> list[int]:
+    """`n` seeds for choosing among policies (a warm start's stop, `stop_at_success`): disjoint from the
+    training seeds and from the held-out ones, so a choice made on them does not select on the episodes
+    that later measure the chosen policy."""
+    return list(range(2 * EVAL_SEED_OFFSET, 2 * EVAL_SEED_OFFSET + n))
+
+
 # Registration happens on import of each env module.
 from ragen2.envs import bandit, codeexec, countdown, frozenlake, mathqa, searchqa, sokoban, webshop  # noqa: E402,F401
 from ragen2.envs.external import gymnasium_export  # noqa: E402

@@ -101,6 +101,9 @@ def make_base_config(base: str, seed: int = 0, lora_rank: int = 16, eval_episode
             f"warmstart --base {base}: {', '.join(misplaced)} set(s) the tiny model's architecture, which a "
             "pretrained base does not have; drop it, or use --lora-rank for the size of the update"
         )
+    if settings.get("stop_at_success"):
+        raise ConfigError(f"warmstart --base {base}: stop_at_success stops the tiny policy's warm start only; a "
+                          "pretrained base trains its `steps` and reports held-out success before and after")
     tool_variants = [e for e in settings.get("envs", ()) if demo_env(e)[1]]
     if tool_variants:
         raise ConfigError(

@@ -276,3 +276,45 @@ def test_tiny_tool_variants_exist_only_for_environments_with_tools():
         resolve_model_path("tiny:searchqa+tools,sokoban+tools")
     with pytest.raises(ConfigError, match="unknown environment"):
         resolve_model_path("tiny:serchqa+tools")
+
+
+def test_validation_seeds_are_neither_training_nor_held_out_seeds():
+    from ragen2.envs import EVAL_SEED_OFFSET, eval_seeds, validation_seeds
+
+    seeds = validation_seeds(500)
+    assert len(set(seeds)) == 500 and min(seeds) >= EVAL_SEED_OFFSET  # above every training seed
+    assert not set(seeds) & set(eval_seeds(100_000))
+
+
+def test_the_stop_ends_fine_tuning_at_a_check_and_its_settings_key_only_a_stopping_warm_start():
+    config = ws.WarmStartConfig(seed=0, **(TINY | {"steps": 9}), check_every=2)
+    demos = ws.make_demos(config, np.random.default_rng(0))
+    tokenizer = ws.demo_tokenizer(demos, config.vocab_size)
+    samples, env_of_sample = ws.demo_samples(demos, tokenizer, config.envs)
+    model = ws.build_model(tokenizer, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
+    asked: list[int] = []
+    losses = ws.sft(model, tokenizer, samples, env_of_sample, config, np.random.default_rng(0),
+                    stop=lambda step: asked.append(step) or step >= 6)
+    assert asked == [2, 4, 6] and len(losses) == 6
+    assert ws.WarmStartConfig(check_every=7).key() == ws.WarmStartConfig().key()  # no stop: checks change nothing
+    assert ws.WarmStartConfig(stop_at_success=0.4).key() != ws.WarmStartConfig(stop_at_success=0.5).key()
+    with pytest.raises(ConfigError, match="stop_at_success=1.5"):
+        ws.WarmStartConfig(stop_at_success=1.5)
+    assert ws.parse_settings(["stop_at_success=0.4", "check_every=25"]) == {"stop_at_success": 0.4, "check_every": 25}
+    from ragen2.models.base_warmstart import make_base_config
+
+    with pytest.raises(ConfigError, match="stop_at_success stops the tiny policy's warm start only"):
+        make_base_config("smollm2-135m", stop_at_success=0.4)
+
+
+def test_a_stopping_warm_start_records_its_checks_and_the_check_leaves_the_random_state_alone(tmp_path):
+    settings = TINY | {"envs": ("frozenlake",), "steps": 4, "check_every": 2, "check_episodes": 6}
+    out = ws.warmstart(tmp_path / "p", seed=0, stop_at_success=1.0, **settings)  # out of reach: every step runs
+    info = json.loads((out / ws.INFO_FILE).read_text())
+    assert info["steps_trained"] == 4 and [c["step"] for c in info["validation_checks"]] == [2, 4]
+    config = ws.WarmStartConfig(seed=0, stop_at_success=1.0, **settings)
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(out), AutoTokenizer.from_pretrained(out)
+    state = torch.get_rng_state()
+    success = ws.validation_success(model, tokenizer, config)
+    assert torch.equal(state, torch.get_rng_state()) and not model.training
+    assert success == ws.validation_success(model, tokenizer, config) == info["validation_checks"][-1]["success"]
