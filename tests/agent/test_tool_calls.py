@@ -108,7 +108,9 @@ def searchqa_tool_policy(tmp_path_factory):
     labels = torch.tensor([[t if m else -100 for t, m in zip(r, mask)] + [-100] * (width - len(r)) for r, mask in rows])
     attention = (torch.arange(width)[None] < torch.tensor([len(r) for r, _ in rows])[:, None]).long()
     optimizer = torch.optim.AdamW(model.parameters(), lr=5e-3)
-    for _ in range(60):
+    # 60 steps passed on one machine and left only 4% and 17% of the turns valid on another (AVX-512, other
+    # rounding); 150 steps there: 50% and 56%.
+    for _ in range(150):
         loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
         optimizer.zero_grad()
         loss.backward()

@@ -78,7 +78,11 @@ def assert_same_metrics(got: list[dict], expected: list[dict]) -> None:
     for g, e in zip(map(comparable, got), map(comparable, expected)):
         assert g.keys() == e.keys(), (g["step"], g.keys() ^ e.keys())
         for key, value in e.items():
-            assert math.isclose(g[key], value, rel_tol=1e-4, abs_tol=1e-6), (e["step"], key, g[key], value)
+            # Processes sum in another order than one process, and CPUs with other vector units round
+            # differently. A loss is a sum of terms that nearly cancel (GRPO's advantages sum to zero in a
+            # group), so its rounding error is absolute, not relative to the small result: 0.0186265 vs
+            # 0.0186235 on an AVX-512 machine, where an AVX2 one matched to 1e-4.
+            assert math.isclose(g[key], value, rel_tol=1e-4, abs_tol=1e-5), (e["step"], key, g[key], value)
 
 
 def weights(model_dir: Path) -> torch.Tensor:
