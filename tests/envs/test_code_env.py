@@ -249,7 +249,7 @@ def test_preset_builds_the_env():
 def test_docs_show_real_observations():
     docs = DOCS.read_text(encoding="utf-8")
     env = make("code")
-    assert env.instruction in docs
+    assert env.instruction in docs and f"```text\n{env.tool_instruction}\n```" in docs
     assert f"```text\n{env.reset(seed=0)[0]}\n```" in docs
     feedback = make("code", feedback=True)
     feedback.reset(options={"problem": "palindrome_word"})
