@@ -266,12 +266,13 @@ def _evaluate(
 def format_summary(path: str | Path) -> str:
     """The before / after / random table of a warm start's warmstart.json, for the terminal."""
     info = json.loads((Path(path) / INFO_FILE).read_text())
-    lines = [f"{'env':<12}{'agent':<8}{'n':>4}{'success':>16}{'valid format':>18}"]
+    width = max([12, *(len(env) + 2 for env in info["eval"])])  # `searchqa+tools` is longer than the plain names
+    lines = [f"{'env':<{width}}{'agent':<8}{'n':>4}{'success':>16}{'valid format':>18}"]
     for env, rows in info["eval"].items():
         for agent, m in rows.items():
             if m["episodes"]:
                 lines.append(
-                    f"{env:<12}{agent:<8}{m['episodes']:>4}{m['success_rate']:>9.3f} ± {m['success_stderr']:.3f}"
+                    f"{env:<{width}}{agent:<8}{m['episodes']:>4}{m['success_rate']:>9.3f} ± {m['success_stderr']:.3f}"
                     f"{m['valid_format_rate']:>11.3f} ± {m['valid_format_stderr']:.3f}"
                 )
     return "\n".join(lines)
