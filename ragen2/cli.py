@@ -344,7 +344,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="Comma-separated environments to demonstrate (default: sokoban,frozenlake,bandit, the default policy; "
         "countdown is the Countdown preset's policy and countdown,math,searchqa,code,webshop the one the math, "
         "searchqa, code and webshop presets use: model.path=tiny:ENV,...; ENV+tools demonstrates ENV's native tool "
-        "calls, e.g. searchqa+tools,webshop+tools for rollout.tool_calls=true; with --base: bandit,frozenlake).",
+        "calls, e.g. searchqa+tools,webshop+tools for rollout.tool_calls=true, with or without --base; with --base the "
+        "default is bandit,frozenlake).",
     )
     p.add_argument(
         "--base", metavar="MODEL",

@@ -126,7 +126,7 @@ class RolloutConfig:
         "Native tool calling: the environment's actions are offered as tools (JSON schema) rendered by the "
         "policy's chat template, a turn is `<think>..</think>` then `<tool_call>{json}</tool_call>` blocks, and "
         "their results come back as `tool` messages (docs/agents.md). Needs an environment with tools "
-        "(searchqa, webshop, mcp:NAME) and the whole history (context_turns and max_model_len null).",
+        "(searchqa, code, webshop, mcp:NAME) and the whole history (context_turns and max_model_len null).",
     )
     end_on_invalid: bool = _f(
         False, "End the episode (as truncation) at the first malformed turn; invalid actions never end it."
@@ -1005,7 +1005,7 @@ def validate(config: Config) -> None:
 
         if not envs.make(config.env.name, **config.env.kwargs).tools:
             raise ConfigError(f"rollout.tool_calls=true needs an environment that declares tools; "
-                              f"env.name={config.env.name} has none (searchqa, webshop and mcp:NAME do)")
+                              f"env.name={config.env.name} has none (searchqa, code, webshop and mcp:NAME do)")
         if r.context_turns is not None or r.max_model_len is not None:
             raise ConfigError(f"rollout.tool_calls=true shows the whole history (tool results answer earlier "
                               f"calls): set rollout.context_turns=null and rollout.max_model_len=null (now "

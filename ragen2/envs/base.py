@@ -28,7 +28,8 @@ class TextEnv(gym.Env, ABC):
       tools             -- the actions as tool schemas (OpenAI's function format, `bracket_tool`),
                            which the policy's chat template renders;
       tool_instruction  -- the system text for that mode (the tools themselves are not repeated);
-      tool_action       -- the action text a call stands for (by default `NAME[value]`).
+      tool_action       -- the action text a call stands for (by default `NAME[value]`);
+      action_call       -- its inverse, the call that stands for an action (demonstrations write them).
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
@@ -68,6 +69,22 @@ class TextEnv(gym.Env, ABC):
                 (parameter,) = function["parameters"]["required"]
                 value = arguments.get(parameter)
                 return f"{name}[{value}]" if isinstance(value, str) and set(arguments) == {parameter} else None
+        return None
+
+    def action_call(self, action: str) -> tuple[str, dict[str, Any]] | None:
+        """The tool call (name, arguments) that `tool_action` turns into `action`, or None when no call does.
+
+        The tool-calling demonstrations write the oracle's actions as these calls. The default reads
+        tools made by `bracket_tool`: the action `NAME[value]` is the call `NAME(value)`.
+        """
+        for tool in self.tools:
+            function = tool["function"]
+            name = function["name"]
+            if action.startswith(f"{name}[") and action.endswith("]"):
+                (parameter,) = function["parameters"]["required"]
+                arguments = {parameter: action[len(name) + 1 : -1]}
+                if self.tool_action(name, arguments) == action:
+                    return name, arguments
         return None
 
 

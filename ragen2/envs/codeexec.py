@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import gymnasium as gym
 
 from ragen2.envs import ENVS
-from ragen2.envs.base import TextEnv
+from ragen2.envs.base import TextEnv, bracket_tool
 from ragen2.envs.code_problems import BUILTIN_PROBLEMS, CodeTest, Problem, call_text, load_problems
 from ragen2.envs.sandbox import Limits, RunResult, prepare, run_programs
 from ragen2.errors import ConfigError, did_you_mean
@@ -31,6 +31,17 @@ _CLIP = 200  # characters of each feedback field
 # The instruction's two example programs; they are also `valid_actions()`.
 _FUNCTION_EXAMPLE = "def double(x):\n    return 2 * x"
 _STDIN_EXAMPLE = "print(input().upper())"
+# What a program must do and may use, and the reward: shared by the instruction and the tool instruction.
+_TASK_RULES = (
+    "If the problem names a function, define it: it is called with each test's arguments and its return "
+    'value is checked. For "Write double(x) returning twice x":\n'
+    f"{_FUNCTION_EXAMPLE}\n"
+    'Otherwise read standard input and print the answer. For "Print the input line in capitals":\n'
+    f"{_STDIN_EXAMPLE}\n"
+    "Only the standard library is available; the network, subprocesses and files outside the working "
+    "directory are not.\n"
+    "Reward: the fraction of hidden tests your program passes. "
+)
 _LIMIT_MESSAGES = {
     "wall_time": "time limit exceeded",
     "cpu_time": "time limit exceeded",
@@ -275,6 +286,9 @@ class CodeEnv(TextEnv):
     a syntax error) is an invalid action. `valid_actions()` gives the
     instruction's two example programs (print the input in capitals; define
     `double`): well-formed, and they solve no built-in problem.
+    With `rollout.tool_calls=true` the action is the tool `submit(program)`, called in
+    the policy's native format; the program is the argument's text (a fenced block in it
+    works too).
 
     ## Observation
     At reset, the problem statement (built-ins add the first test as an example). After
@@ -299,17 +313,22 @@ class CodeEnv(TextEnv):
 
     instruction: ClassVar[str] = (
         "You are solving a programming problem in Python 3. Write one complete program.\n"
-        "If the problem names a function, define it: it is called with each test's arguments and its return "
-        'value is checked. For "Write double(x) returning twice x":\n'
-        f"{_FUNCTION_EXAMPLE}\n"
-        'Otherwise read standard input and print the answer. For "Print the input line in capitals":\n'
-        f"{_STDIN_EXAMPLE}\n"
-        "Only the standard library is available; the network, subprocesses and files outside the working "
-        "directory are not.\n"
-        "Reward: the fraction of hidden tests your program passes. When failing tests are reported back, "
-        "you may answer again with a corrected program.\n"
+        + _TASK_RULES
+        + "When failing tests are reported back, you may answer again with a corrected program.\n"
         "Answer as <think>...</think><answer>```python\n...your program...\n```</answer>: exactly one program. "
         "Never write || in it: || separates actions."
+    )
+    tools: ClassVar[tuple[dict[str, Any], ...]] = (
+        bracket_tool("submit", "Run a complete Python 3 program on the problem's hidden tests; the result says how "
+                     "many passed (and, when failing tests are reported, the first one).", "program",
+                     "The whole program: its source code, with newlines."),
+    )
+    tool_instruction: ClassVar[str] = (
+        "You are solving a programming problem in Python 3 with the tool submit, which runs one complete program "
+        "on the problem's hidden tests.\n"
+        + _TASK_RULES
+        + "When failing tests are reported back, you may submit a corrected program.\n"
+        "Think inside <think>...</think>, then call submit once with the whole program."
     )
     info_keys: ClassVar[frozenset[str]] = frozenset({"action_is_valid", "success"})
 
@@ -392,6 +411,16 @@ class CodeEnv(TextEnv):
         )
         left = self.max_tries - self._tries
         return text + (f"\nAttempts left: {left}. Answer with a corrected program." if left else "")
+
+    def tool_action(self, name: str, arguments: dict[str, Any]) -> str | None:
+        """The call submit(program) is the program itself as the action; anything else is no action."""
+        program = arguments.get("program")
+        return program if name == "submit" and set(arguments) == {"program"} and isinstance(program, str) else None
+
+    def action_call(self, action: str) -> tuple[str, dict[str, Any]] | None:
+        """submit(program) with the action's program, unfenced (None when the action holds no program)."""
+        program = parse_program(action)
+        return None if program is None else ("submit", {"program": program})
 
     def valid_actions(self) -> list[str]:
         """The instruction's two example programs: well-formed, and they solve no built-in problem."""

@@ -13,6 +13,10 @@ The demonstrations are rendered through `ragen2.agent.Conversation` with the bas
 tokenizer and chat template, so every training sequence is byte-identical to what a rollout
 of the same responses would store. The saved directory is a plain Hugging Face model (LoRA is
 merged into the weights): `model.path=OUT` loads it like any other model.
+
+`ENV+tools` entries teach native tool calls (`rollout.tool_calls=true`): the demonstrations are
+rendered with `tools=`, and their held-out evaluation runs with tool calls. A base whose template
+ignores `tools=` (SmolLM2's) gets a tools-aware ChatML template first (`ensure_tools_template`).
 """
 
 from __future__ import annotations
@@ -29,11 +33,14 @@ from typing import Any
 
 import numpy as np
 import torch
+from jinja2 import TemplateError
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from ragen2.envs.base import bracket_tool
 from ragen2.errors import ConfigError
 from ragen2.models.demos import PRETRAINED_ORACLES
 from ragen2.models.lora import add_lora
+from ragen2.models.tiny import TOOLS_CHAT_TEMPLATE
 from ragen2.progress import heartbeat
 from ragen2.models.warmstart import (
     INFO_FILE,
@@ -104,12 +111,6 @@ def make_base_config(base: str, seed: int = 0, lora_rank: int = 16, eval_episode
     if settings.get("stop_at_success"):
         raise ConfigError(f"warmstart --base {base}: stop_at_success stops the tiny policy's warm start only; a "
                           "pretrained base trains its `steps` and reports held-out success before and after")
-    tool_variants = [e for e in settings.get("envs", ()) if demo_env(e)[1]]
-    if tool_variants:
-        raise ConfigError(
-            f"warmstart --base {base}: {', '.join(tool_variants)}: tool-calling demonstrations teach the tiny policy "
-            "only, since the held-out evaluation of a base runs the plain presets; drop --base, or name the plain envs"
-        )
     return BaseWarmStartConfig(
         base=base, demos=make_config(seed, BASE_DEFAULTS | settings), lora_rank=lora_rank, eval_episodes=eval_episodes
     )
@@ -144,6 +145,9 @@ def _build_base(config: BaseWarmStartConfig, out: Path, device: str) -> None:
     start = time.perf_counter()
     model, tokenizer = load_policy(config.base, device=device)
     demos_config = config.demos
+    template = "own"
+    if any(demo_env(entry)[1] for entry in demos_config.envs):
+        template = ensure_tools_template(tokenizer, config.base)
     rng = np.random.default_rng(demos_config.seed)
     demos = make_demos(demos_config, rng, PRETRAINED_ORACLES)
     samples, env_of_sample = demo_samples(demos, tokenizer, demos_config.envs)
@@ -178,6 +182,7 @@ def _build_base(config: BaseWarmStartConfig, out: Path, device: str) -> None:
         "sft_loss_initial": losses[0],
         "sft_loss_final": float(np.mean(tail)),
         "sft_time_s": round(sft_time, 1),
+        "chat_template": template,
         "threads": torch.get_num_threads(),
         "device": device,
         "eval": evaluation,
@@ -186,18 +191,56 @@ def _build_base(config: BaseWarmStartConfig, out: Path, device: str) -> None:
     (out / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
 
 
+def ensure_tools_template(tokenizer: PreTrainedTokenizerBase, base: str) -> str:
+    """Make `tokenizer`'s chat template render tools for the `ENV+tools` demonstrations; returns which it uses.
+
+    "own" when the base's template already shows the schemas passed as `tools=` (Qwen2.5, Qwen3,
+    Llama 3.1+). Many templates ignore `tools=` (SmolLM2-Instruct's renders every message as plain
+    ChatML): the policy would be trained to call tools it was never shown. A ChatML base (its
+    vocabulary has `<|im_start|>` and `<|im_end|>`) then gets the tiny policy's tools-aware ChatML
+    template, which lays tools out as Qwen2.5's does and renders tool-less chats as plain ChatML;
+    the saved tokenizer carries it, so rollouts use the layout the demonstrations were trained on.
+    Any other base is refused, since a ChatML template would not match its special tokens.
+    """
+    if _renders_tools(tokenizer):
+        return "own"
+    if not {"<|im_start|>", "<|im_end|>"} <= tokenizer.get_vocab().keys():
+        raise ConfigError(
+            f"warmstart --base {base}: its chat template ignores tools=, and it is not a ChatML model, so the "
+            "ENV+tools demonstrations cannot show the tools; use a base whose template renders tools (Qwen2.5, "
+            "Qwen3, Llama 3.1+), or name the plain envs"
+        )
+    log.warning("warm start of %s: its chat template ignores tools=; using the tools-aware ChatML template "
+                "(ragen2.models.tiny.TOOLS_CHAT_TEMPLATE), which the saved tokenizer carries", base)
+    tokenizer.chat_template = TOOLS_CHAT_TEMPLATE
+    return "tools ChatML"
+
+
+def _renders_tools(tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Whether the chat template shows a tool passed as `tools=` (one that raises on it does not)."""
+    probe = bracket_tool("ragen2_probe_tool", "A probe.", "x", "A probe.")
+    chat = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+    try:
+        text = tokenizer.apply_chat_template(chat, tools=[probe], tokenize=False, add_generation_prompt=True)
+    except TemplateError:
+        return False
+    return "ragen2_probe_tool" in text
+
+
 def _evaluate(
-    model: PreTrainedModel | None, tokenizer: PreTrainedTokenizerBase, env: str, config: BaseWarmStartConfig
+    model: PreTrainedModel | None, tokenizer: PreTrainedTokenizerBase, entry: str, config: BaseWarmStartConfig
 ) -> dict[str, float]:
-    """Held-out success and valid-format rate of `model` (None: the uniform-random agent) on `env`'s preset,
-    with n and standard errors. The format rate is over turns; its error treats turns as independent."""
+    """Held-out success and valid-format rate of `model` (None: the uniform-random agent) on the preset of
+    `entry`'s env (with `rollout.tool_calls=true` for `ENV+tools`), with n and standard errors. The format
+    rate is over turns; its error treats turns as independent."""
     from ragen2.config import load_config
     from ragen2.evaluate import evaluate, random_agent
 
     n = config.eval_episodes
     if n == 0:
         return {"episodes": 0}
-    preset = load_config(env)
+    env, tool_calls = demo_env(entry)
+    preset = load_config(env, ["rollout.tool_calls=true"] if tool_calls else [])
     cfg = dataclasses.replace(preset.rollout, temperature=preset.trainer.eval_temperature)
     if model is None:
         metrics = random_agent(env, preset.env.kwargs, n, cfg, seed=config.demos.seed)
@@ -226,12 +269,13 @@ def _evaluate(
 def format_summary(path: str | Path) -> str:
     """The before / after / random table of a warm start's warmstart.json, for the terminal."""
     info = json.loads((Path(path) / INFO_FILE).read_text())
-    lines = [f"{'env':<12}{'agent':<8}{'n':>4}{'success':>16}{'valid format':>18}"]
+    width = max([12, *(len(env) + 2 for env in info["eval"])])  # `searchqa+tools` is longer than the plain names
+    lines = [f"{'env':<{width}}{'agent':<8}{'n':>4}{'success':>16}{'valid format':>18}"]
     for env, rows in info["eval"].items():
         for agent, m in rows.items():
             if m["episodes"]:
                 lines.append(
-                    f"{env:<12}{agent:<8}{m['episodes']:>4}{m['success_rate']:>9.3f} ± {m['success_stderr']:.3f}"
+                    f"{env:<{width}}{agent:<8}{m['episodes']:>4}{m['success_rate']:>9.3f} ± {m['success_stderr']:.3f}"
                     f"{m['valid_format_rate']:>11.3f} ± {m['valid_format_stderr']:.3f}"
                 )
     return "\n".join(lines)

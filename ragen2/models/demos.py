@@ -373,17 +373,12 @@ def demo_response(env: TextEnv, max_actions: int, rng: np.random.Generator, orac
 
 
 def tool_call(env: TextEnv, action: str) -> ToolCall:
-    """The call of one of `env.tools` that `env.tool_action` turns into `action` (`search[x]` -> search(query=x))."""
-    for tool in env.tools:
-        function = tool["function"]
-        name = function["name"]
-        if action.startswith(f"{name}[") and action.endswith("]"):
-            for parameter in function["parameters"]["required"]:
-                call = ToolCall(name, {parameter: action[len(name) + 1 : -1]})
-                if env.tool_action(call.name, call.arguments) == action:
-                    return call
-    names = ", ".join(tool["function"]["name"] for tool in env.tools) or "none"
-    raise ConfigError(f"{type(env).__name__}: no tool call stands for the action {action!r} (its tools: {names})")
+    """The call of one of `env.tools` that stands for `action` (`env.action_call`: `search[x]` -> search(query=x))."""
+    call = env.action_call(action)
+    if call is None:
+        names = ", ".join(tool["function"]["name"] for tool in env.tools) or "none"
+        raise ConfigError(f"{type(env).__name__}: no tool call stands for the action {action!r} (its tools: {names})")
+    return ToolCall(*call)
 
 
 def tool_response(env: TextEnv, response: str, max_actions: int) -> str:

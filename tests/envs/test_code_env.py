@@ -11,11 +11,17 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from chat_templates import QWEN25_TOOLS
+from ragen2.agent.parsing import ResponseFormat, parse_response
+from ragen2.agent.rollout import conversation
+from ragen2.agent.tool_calls import ToolCall, parse_tool_turn, render_tool_calls
+from ragen2.config import RolloutConfig, load_config
 from ragen2.envs import make
 from ragen2.envs.check import check_env
 from ragen2.envs.code_problems import BUILTIN_PROBLEMS
 from ragen2.envs.codeexec import CodeEnv, extract_program, parse_program, same_output, same_value
 from ragen2.errors import ConfigError
+from ragen2.models.tiny import build_tokenizer
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "environments.md"
 PRESET = Path(__file__).resolve().parents[2] / "ragen2" / "configs" / "envs" / "code.yaml"
@@ -243,8 +249,86 @@ def test_preset_builds_the_env():
 def test_docs_show_real_observations():
     docs = DOCS.read_text(encoding="utf-8")
     env = make("code")
-    assert env.instruction in docs
+    assert env.instruction in docs and f"```text\n{env.tool_instruction}\n```" in docs
     assert f"```text\n{env.reset(seed=0)[0]}\n```" in docs
     feedback = make("code", feedback=True)
     feedback.reset(options={"problem": "palindrome_word"})
     assert f"```text\n{feedback.step('print(input())')[0]}\n```" in docs
+
+
+# ---- native tool calling: submit(program) ----
+
+WRONG = "x = 1"  # compiles, prints nothing, defines no function: fails every built-in test
+
+
+def test_the_submit_tool_is_a_json_schema_whose_calls_are_programs():
+    jsonschema = pytest.importorskip("jsonschema")
+    env = make("code")
+    (tool,) = json.loads(json.dumps(env.tools))  # plain JSON, as chat templates serialise it
+    assert tool["function"]["name"] == "submit"
+    jsonschema.Draft202012Validator.check_schema(tool["function"]["parameters"])
+    arguments = jsonschema.Draft202012Validator(tool["function"]["parameters"])
+    assert arguments.is_valid({"program": "print(1)"})
+    assert not arguments.is_valid({}) and not arguments.is_valid({"program": 3})
+    assert env.tool_action("submit", {"program": "print(1)"}) == "print(1)"
+    for name, bad in [("run", {"program": "print(1)"}), ("submit", {"program": 3}), ("submit", {}),
+                      ("submit", {"program": "print(1)", "language": "python"})]:
+        assert env.tool_action(name, bad) is None
+    assert env.action_call("```python\nprint(1)\n```") == ("submit", {"program": "print(1)\n"})
+    assert env.action_call("Sure, here it is.") is None
+    assert load_config("code", ["rollout.tool_calls=true"]).rollout.tool_calls
+
+
+@pytest.mark.parametrize("feedback", [False, True])
+@pytest.mark.parametrize("problem", ["two_sum", "palindrome_word"])  # a function problem, a stdin problem
+def test_a_submit_call_scores_as_the_same_program_answered_in_text_does(problem, feedback):
+    """The rollout's two paths from a reply to a step: the tool call's program and the fenced answer's
+    get the same observation, reward and end; a correct program earns 1, a wrong one 0."""
+    env = make("code", feedback=feedback)
+    env.reset(options={"problem": problem})
+    (solution,) = env.solve()
+    for program, reward in [(solution, 1.0), (WRONG, 0.0)]:
+        called = parse_tool_turn("I define it.</think>" + render_tool_calls([ToolCall("submit", {"program": program})]),
+                                 ResponseFormat(), 1, env.tool_action)
+        answered = parse_response(f"I define it.</think><answer>```python\n{program}\n```</answer>", 1)
+        assert called.valid and answered.valid
+        steps = []
+        for (action,) in (called.actions, answered.actions):
+            env.reset(options={"problem": problem})
+            steps.append(env.step(action))
+        assert steps[0] == steps[1]
+        assert steps[0][1] == reward and steps[0][4]["success"] == (reward == 1.0)
+        assert steps[0][2] is (reward == 1.0 or not feedback)  # feedback mode keeps a failed episode going
+
+
+def test_the_tool_calling_layout_renders_submit_and_masks_the_test_report():
+    """Two attempts in feedback mode: the prompt is the template's rendering of the messages (tools in the
+    system prompt, the report as a tool response), and only the two sampled replies are trained."""
+    env = make("code", feedback=True)
+    observation, _ = env.reset(options={"problem": "two_sum"})
+    (solution,) = env.solve()
+    replies = [f"Attempt {k}.</think>" + render_tool_calls([ToolCall("submit", {"program": p})])
+               for k, p in enumerate([WRONG, solution], start=1)]
+    tokenizer = build_tokenizer([env.tool_instruction, json.dumps(env.tools), observation, *replies], vocab_size=400,
+                                chat_template=QWEN25_TOOLS)
+    conv = conversation(tokenizer, env.tool_instruction, RolloutConfig(tool_calls=True, max_turns=3), list(env.tools))
+    conv.add_observation(observation, env.max_actions)
+    conv.add_response_text(replies[0])
+    (action,) = parse_tool_turn(replies[0], ResponseFormat(), 1, env.tool_action).actions
+    report, reward, terminated, _, _ = env.step(action)
+    assert reward == 0.0 and not terminated and "First failing test" in report
+    conv.add_observation("", env.max_actions - 1, tool_results=[report])
+    messages = conv.messages()
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool"]
+    expected = tokenizer.apply_chat_template(messages, tools=list(env.tools), tokenize=False,
+                                             add_generation_prompt=True) + "<think>"
+    assert tokenizer.decode(conv.prompt_ids()) == expected
+    assert '"name": "submit"' in expected and f"<tool_response>\n{report}\n</tool_response>" in expected
+    conv.add_response_text(replies[1])
+    (action,) = parse_tool_turn(replies[1], ResponseFormat(), 1, env.tool_action).actions
+    assert env.step(action)[1] == 1.0
+    (ids, mask), = conv.samples()
+    trained = [t for t, m in zip(ids, mask) if m]
+    eos = [tokenizer.eos_token_id]
+    assert trained == [t for r in replies for t in tokenizer.encode(r, add_special_tokens=False) + eos]
+    assert "First failing test" not in tokenizer.decode(trained)  # the report is the environment's, masked

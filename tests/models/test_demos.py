@@ -227,7 +227,7 @@ def test_adapted_games_are_demonstrated_by_their_solver_with_the_plan_as_reasoni
     assert first.reasoning.startswith("Plan: " + ", ".join(plan[:8]))
 
 
-@pytest.mark.parametrize("env_name", ["searchqa", "webshop"])
+@pytest.mark.parametrize("env_name", ["searchqa", "code", "webshop"])
 def test_tool_calling_demonstrations_call_tools_that_stand_for_the_solver_actions_and_solve(env_name):
     for seed in range(5):
         max_turns, max_actions = DEFAULT_ENV_TURNS[env_name]
@@ -241,7 +241,8 @@ def test_tool_calling_demonstrations_call_tools_that_stand_for_the_solver_action
             reasoning, calls = turn.response.split("</think>")
             assert reasoning == parsed.reasoning  # the oracle's reasoning, then its action as a call
             (call,) = parse_tool_calls(calls).calls
-            assert env.tool_action(call.name, call.arguments) == parsed.actions[0]
+            assert env.action_call(parsed.actions[0]) == (call.name, call.arguments)
+            assert env.action_call(env.tool_action(call.name, call.arguments)) == (call.name, call.arguments)
             # the first turn shows the state; every later one, the result of the call before it
             assert (turn.tool_results is None) == (k == 0)
             if k:

@@ -251,13 +251,14 @@ def test_the_default_warm_start_keeps_its_key():
 
 
 def test_tool_demonstration_samples_equal_what_a_tool_calling_rollout_of_the_same_responses_stores():
-    config = ws.WarmStartConfig(envs=("searchqa+tools", "webshop+tools"), episodes_per_env=40, vocab_size=600)
+    config = ws.WarmStartConfig(envs=("searchqa+tools", "code+tools", "webshop+tools"), episodes_per_env=40,
+                                vocab_size=600)
     demos = ws.make_demos(config, np.random.default_rng(0))
     tokenizer = ws.demo_tokenizer(demos, config.vocab_size)
     assert tokenizer.chat_template == TOOLS_CHAT_TEMPLATE
     for tag in TOOL_TAG_TOKENS:
         assert len(tokenizer.encode(tag, add_special_tokens=False)) == 1
-    assert {ep.env_name for ep in demos} == {"searchqa", "webshop"}
+    assert {ep.env_name for ep in demos} == {"searchqa", "code", "webshop"}
     for episode in demos:
         responses = [
             tokenizer.encode(t.response, add_special_tokens=False) + [tokenizer.eos_token_id] for t in episode.turns
@@ -272,7 +273,8 @@ def test_tool_demonstration_samples_equal_what_a_tool_calling_rollout_of_the_sam
 def test_tiny_tool_variants_exist_only_for_environments_with_tools():
     from ragen2.models.loading import resolve_model_path
 
-    with pytest.raises(ConfigError, match="sokoban\\+tools has no tools to demonstrate; ENV\\+tools exists for searchqa, webshop"):
+    toolless = "sokoban\\+tools has no tools to demonstrate; ENV\\+tools exists for code, searchqa, webshop"
+    with pytest.raises(ConfigError, match=toolless):
         resolve_model_path("tiny:searchqa+tools,sokoban+tools")
     with pytest.raises(ConfigError, match="unknown environment"):
         resolve_model_path("tiny:serchqa+tools")
