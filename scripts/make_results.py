@@ -714,8 +714,9 @@ FILTER_SWEEPS = {
     ),
     "filter_frozenlake_partway": (
         "frozenlake", ", part-way warm start",
-        " The policy is the spec's own warm start (FrozenLake only, stopped early), on which GRPO raises held-out "
-        "success in the learning test.",
+        " The policy is the spec's own warm start (FrozenLake only, 700 steps). Where it lands depends on the "
+        "machine's float rounding (docs/testing.md); each run's step-0 evaluation is in its metrics.jsonl under "
+        "results/runs/filter_frozenlake_partway/.",
     ),
     "filter_countdown": ("countdown", "", ""),
     "smollm2_filter_frozenlake": (
