@@ -157,9 +157,9 @@ class WarmStartConfig:
     """Global gradient-norm clip."""
     stop_at_success: float = 0.0
     """Stop at the first check whose success on validation seeds (mean over `envs`) reaches this; 0 trains
-    all `steps`. For a policy that leaves RL room to improve: stopping after a fixed number of steps part
-    of the way lands anywhere (one 2-layer FrozenLake warm start gave 0.165, 0.655 and 0.255 at 700, 850
-    and 1000 steps), a checked level does not."""
+    all `steps`. Stopping after a fixed number of steps part of the way lands anywhere (one 2-layer
+    FrozenLake warm start gave 0.165, 0.655 and 0.255 at 700, 850 and 1000 steps); a checked level does
+    not. The learning rate is not decayed at the stop (docs/testing.md: RL did not improve such a policy)."""
     check_every: int = 50
     """Optimizer steps between two checks of `stop_at_success`."""
     check_episodes: int = 100
