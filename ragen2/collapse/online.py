@@ -23,13 +23,17 @@ is `turn.prompt_ids` (it ends with `<think>`). Turns with empty reasoning are dr
 counted as `valid_thinking_rate`. Sampling is drawn from (seed, step) alone, so a resumed run
 samples exactly as the uninterrupted one; the EMA scales of MI-ZScore-EMA and the alarm's
 state are carried across steps and saved with checkpoints through `state_dict`.
+
+Asynchronous training passes each group's staleness (updates between the policy that sampled it and
+the one being trained): every scheme's pairs are then also split by the staleness of their groups,
+`async/staleness_<k>/collapse_<scheme>/<metric>` (`staleness_metrics`), from the same scores.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +49,7 @@ from ragen2.config import CollapseConfig, Config
 
 SCHEMES = ("first_turn", "trajectory")
 RECALL_KS = (2, 4, 8)  # recall@1 is retrieval_acc, logged once
+EMA_KEYS = ("mi_zscore_ema", "marginal_std_ema")  # left out where no EMA is carried from check to check
 
 
 @dataclass
@@ -56,6 +61,7 @@ class Pairs:
     source: list[int]  # M column indices i(m)
     valid_thinking_rate: float  # share of the turns considered whose reasoning was non-empty
     column_tags: list[str] = field(default_factory=list)  # P: the mixture tag of each input (ragen2.mixture)
+    column_groups: list[int] = field(default_factory=list)  # P: the group (shared env seed) of each input
 
 
 @dataclass
@@ -86,17 +92,17 @@ class OnlineDiagnostics:
 
     def step(
         self, model: torch.nn.Module, tokenizer: Any, trajectories: Sequence[Trajectory], step: int,
-        prefixes: PrefixStore | None = None,
+        prefixes: PrefixStore | None = None, staleness: Mapping[int, int] | None = None,
     ) -> StepResult:
         """The trainer's one call per step: metrics when scheduled, then the alarm on them."""
         if not self.should_run(step):
             return StepResult()
-        metrics = self.run(model, tokenizer, trajectories, step, prefixes)
+        metrics = self.run(model, tokenizer, trajectories, step, prefixes, staleness)
         return StepResult(metrics, self.alarm.update(step, metrics))
 
     def run(
         self, model: torch.nn.Module, tokenizer: Any, trajectories: Sequence[Trajectory], step: int,
-        prefixes: PrefixStore | None = None,
+        prefixes: PrefixStore | None = None, staleness: Mapping[int, int] | None = None,
     ) -> dict[str, float]:
         """Both schemes' proxies on `trajectories` (the unfiltered batch), scored by `model`.
 
@@ -110,6 +116,8 @@ class OnlineDiagnostics:
         A proxy the batch cannot support (NaN from `mi_metrics`: fewer than 2 pairs, one distinct
         input, zero spread) is left out of the dict, not logged as NaN or as a made-up number;
         `num_pairs` and `num_distinct_inputs` are always there to say why.
+
+        `staleness`: each group's staleness (group id -> updates), to add `staleness_metrics`.
         """
         out: dict[str, float] = {}
         drawn: dict[str, Pairs] = {}
@@ -132,20 +140,13 @@ class OnlineDiagnostics:
         )
         for scheme, logp in zip(scored, matrices):  # logp [M, P]
             pairs = drawn[scheme]
-            result = mi_metrics(
-                logp,
-                np.array(pairs.source),
-                lengths=np.array([len(z) for z in pairs.reasonings]),
-                input_ids=pairs.prompts,
-                ks=RECALL_KS,
-                ema_state=self.ema[scheme],
-                marginal=self.config.marginal,
-            )
-            self.ema[scheme] = result.pop("ema_state")
-            prefix = f"collapse_{scheme}/"
-            out.update({prefix + key: float(value) for key, value in result.items() if math.isfinite(value)})
+            result, self.ema[scheme] = proxies(logp, pairs, range(len(pairs.reasonings)), range(len(pairs.prompts)),
+                                               self.config.marginal, self.ema[scheme])
+            out.update({f"collapse_{scheme}/{key}": value for key, value in result.items()})
             if self.per_tag:
                 out.update(self.tag_metrics(scheme, logp, pairs))
+            if staleness is not None:
+                out.update(self.staleness_metrics(scheme, logp, pairs, staleness))
         return out
 
     def tag_metrics(self, scheme: str, logp: np.ndarray, pairs: Pairs) -> dict[str, float]:
@@ -158,19 +159,31 @@ class OnlineDiagnostics:
             rows = [m for m, j in enumerate(pairs.source) if pairs.column_tags[j] == tag]
             if not rows:
                 continue
-            where = {j: k for k, j in enumerate(cols)}
             key = f"{scheme}/{tag}"
-            result = mi_metrics(
-                logp[np.ix_(rows, cols)],
-                np.array([where[pairs.source[m]] for m in rows]),
-                lengths=np.array([len(pairs.reasonings[m]) for m in rows]),
-                input_ids=[pairs.prompts[j] for j in cols],
-                ks=RECALL_KS,
-                ema_state=self.ema.get(key),
-                marginal=self.config.marginal,
-            )
-            self.ema[key] = result.pop("ema_state")
-            out.update({f"collapse_{key}/{k}": float(v) for k, v in result.items() if math.isfinite(v)})
+            result, self.ema[key] = proxies(logp, pairs, rows, cols, self.config.marginal, self.ema.get(key))
+            out.update({f"collapse_{key}/{k}": v for k, v in result.items()})
+        return out
+
+    def staleness_metrics(
+        self, scheme: str, logp: np.ndarray, pairs: Pairs, staleness: Mapping[int, int]
+    ) -> dict[str, float]:
+        """The proxies of the reasonings of each staleness alone, `async/staleness_<k>/collapse_<scheme>/<metric>`:
+        does the current policy still tell a stale sample's input from the others as well as a fresh one's?
+
+        Rows are split by their group's staleness; the columns stay all of the batch's inputs, so every
+        staleness shares the marginal and the chance level, and the per-pair means (retrieval_acc, recall@k,
+        mi_est, mi_seq_est, cond_entropy, reasoning_entropy) average, weighted by num_pairs, to the whole
+        batch's. A staleness of the batch none of whose reasonings was drawn logs `num_pairs` 0 only. The EMA
+        keys are left out: which staleness a step holds varies with the worker's timing.
+        """
+        lag = [staleness[pairs.column_groups[j]] for j in pairs.source]  # [M], each reasoning's staleness
+        columns = range(len(pairs.prompts))
+        out = {}
+        for k in sorted(set(staleness.values())):
+            rows = [m for m, s in enumerate(lag) if s == k]
+            result = proxies(logp, pairs, rows, columns, self.config.marginal)[0] if rows else {"num_pairs": 0.0}
+            out.update({f"async/staleness_{k}/collapse_{scheme}/{key}": v for key, v in result.items()
+                        if key not in EMA_KEYS})
         return out
 
     def state_dict(self) -> dict[str, Any]:
@@ -209,11 +222,29 @@ def held_out_proxies(
                               micro_batch_size=config.micro_batch_size)
     for tag, logp in zip(scored, matrices):  # logp [M, P]
         pairs = drawn[tag]
-        result = mi_metrics(logp, np.array(pairs.source), lengths=np.array([len(z) for z in pairs.reasonings]),
-                            input_ids=pairs.prompts, ks=RECALL_KS, marginal=config.marginal)
-        out |= {f"collapse_eval/{tag}/{key}": float(value) for key, value in result.items()
-                if key not in ("ema_state", "mi_zscore_ema", "marginal_std_ema") and math.isfinite(value)}
+        result, _ = proxies(logp, pairs, range(len(pairs.reasonings)), range(len(pairs.prompts)), config.marginal)
+        out |= {f"collapse_eval/{tag}/{key}": value for key, value in result.items() if key not in EMA_KEYS}
     return out
+
+
+def proxies(
+    logp: np.ndarray, pairs: Pairs, rows: Sequence[int], cols: Sequence[int], marginal: str,
+    ema_state: EmaState | None = None,
+) -> tuple[dict[str, float], EmaState | None]:
+    """`mi_metrics` of the reasonings `rows` scored against the inputs `cols` (logp [M, P] restricted to both;
+    every row's own input must be among `cols`), its finite values only, and the EMA state it returns."""
+    where = {j: k for k, j in enumerate(cols)}
+    result = mi_metrics(
+        logp[np.ix_(rows, cols)],
+        np.array([where[pairs.source[m]] for m in rows]),
+        lengths=np.array([len(pairs.reasonings[m]) for m in rows]),
+        input_ids=[pairs.prompts[j] for j in cols],
+        ks=RECALL_KS,
+        ema_state=ema_state,
+        marginal=marginal,
+    )
+    state = result.pop("ema_state")
+    return {key: float(value) for key, value in result.items() if math.isfinite(value)}, state
 
 
 def summary_rows(records: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
@@ -265,7 +296,7 @@ def turn_pairs(trajectories: Sequence[Trajectory], turn: int, num_samples: int, 
     Columns are the distinct (group, prompt) of that turn in the batch, all of them whether or not
     one of their reasonings was drawn: the marginal is over the batch's inputs.
     """
-    columns: dict[tuple[int, tuple[int, ...]], int] = {}
+    columns: dict[tuple[int, tuple[int, ...]], int] = {}  # (group, prompt) -> column
     tags: list[str] = []  # each column's tag
     candidates: list[tuple[int, list[int]]] = []  # (column, Z) of every such turn with reasoning
     reached = [t for t in trajectories if len(t.turns) > turn]
@@ -283,6 +314,7 @@ def turn_pairs(trajectories: Sequence[Trajectory], turn: int, num_samples: int, 
         source=[candidates[i][0] for i in picked],
         valid_thinking_rate=len(candidates) / len(reached) if reached else 0.0,
         column_tags=tags,
+        column_groups=[group for group, _ in columns],
     )
 
 
@@ -293,7 +325,7 @@ def trajectory_pairs(trajectories: Sequence[Trajectory], num_samples: int, rng: 
     dropped after drawing, and `valid_thinking_rate` is the share of draws that were kept.
     """
     with_turns = [t for t in trajectories if t.turns]
-    prompts, reasonings, tags = [], [], []
+    prompts, reasonings, tags, groups = [], [], [], []
     drawn = num_samples if with_turns else 0
     for _ in range(drawn):
         traj = with_turns[rng.integers(len(with_turns))]
@@ -303,10 +335,12 @@ def trajectory_pairs(trajectories: Sequence[Trajectory], num_samples: int, rng: 
             prompts.append(list(turn.prompt_ids))
             reasonings.append(z)
             tags.append(traj.tag)
+            groups.append(traj.group_id)
     return Pairs(
         prompts=prompts,
         reasonings=reasonings,
         source=list(range(len(reasonings))),
         valid_thinking_rate=len(reasonings) / drawn if drawn else 0.0,
         column_tags=tags,
+        column_groups=groups,
     )

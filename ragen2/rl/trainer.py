@@ -3,7 +3,8 @@
 One step is a list of named, timed phases (each logged as `timing_s/<phase>`):
 
     rollout    play P groups x G episodes with the current policy (ragen2.agent.rollout)
-    collapse   MI proxies of template collapse on the whole batch (ragen2.collapse.online)
+    collapse   MI proxies of template collapse on the whole batch (ragen2.collapse.online); with a
+               rollout worker, also on the groups of each staleness
     filter     keep the groups whose returns vary most (ragen2.filtering, RAGEN-2 §6)
     grad_snr   every `grad_snr.freq` steps when enabled: task / KL / entropy gradient
                norms per reward-variance bucket, no optimizer step (ragen2.collapse.grad_snr)
@@ -428,8 +429,10 @@ def push_weights(run: Run, step: int) -> None:
 def diagnose_phase(
     run: Run, trajectories: list[Trajectory], step: int, prefixes: PrefixStore | None = None
 ) -> dict[str, float]:
-    """MI proxies on the batch before filtering (they describe the policy that sampled it)."""
-    result = run.diagnostics.step(run.policy, run.tokenizer, trajectories, step, prefixes)
+    """MI proxies on the batch before filtering (they describe the policy that sampled it); with a rollout
+    worker, also those of each staleness's groups alone, to show whether lag erodes input dependence."""
+    lag = group_staleness(trajectories, step) if run.rollouts is not None else None
+    result = run.diagnostics.step(run.policy, run.tokenizer, trajectories, step, prefixes, lag)
     if result.alarm is not None:
         collapse_alarm(run, result.alarm)
     return result.metrics
@@ -488,10 +491,24 @@ def throughput_metrics(candidates: int, kept: int, seconds: float) -> dict[str, 
 def staleness_metrics(kept: list[Trajectory], step: int) -> dict[str, float]:
     """`async/`: how many updates old the policy that sampled each kept episode is when step `step` trains on
     it (0 in the synchronous schedule): mean, max and the share at each staleness up to 4."""
-    lag = np.array([step - 1 - t.policy_version for t in kept]) if kept else np.zeros(1)
+    lag = np.array([staleness(t, step) for t in kept]) if kept else np.zeros(1)
     return {"async/staleness_mean": float(lag.mean()), "async/staleness_max": float(lag.max())} | {
         f"async/staleness_frac_{k}": float((lag == k).mean()) for k in range(5)
     }
+
+
+def staleness(trajectory: Trajectory, step: int) -> int:
+    """Updates between the policy that sampled `trajectory` and the one step `step` updates."""
+    return step - 1 - trajectory.policy_version
+
+
+def group_staleness(trajectories: list[Trajectory], step: int) -> dict[int, int]:
+    """Each group's staleness (group id -> updates): that of its stalest episode. A group is played by one
+    rollout with one version, so its episodes agree; were they mixed, it would count as its oldest."""
+    lag: dict[int, int] = {}
+    for t in trajectories:
+        lag[t.group_id] = max(lag.get(t.group_id, 0), staleness(t, step))
+    return lag
 
 
 def _group_metrics(rewards: np.ndarray, ids: list[int], kept: set[int], f: FilterConfig) -> dict[str, float]:

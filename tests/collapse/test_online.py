@@ -230,3 +230,43 @@ def test_per_turn_schemes_score_turn_k_alone(tiny_tokenizer, tiny_model, batch):
     assert turn_pairs(trajectories, 2, 64, np.random.default_rng(0)).prompts == []  # nobody reached turn 3
     with pytest.raises(ValueError, match="collapse.per_turn=1 is not allowed"):
         config(per_turn=1)
+
+
+def test_staleness_splits_the_pairs_by_their_groups_staleness(tiny_tokenizer, tiny_model, batch):
+    """Group 0 fresh, groups 1 and 2 one update old: each staleness's proxies are those of its reasonings
+    scored against all the batch's inputs, and their pair-weighted means are the whole batch's."""
+    trajectories = batch()
+    staleness = {0: 0, 1: 1, 2: 1}
+    out = OnlineDiagnostics(config(), 0).run(tiny_model, tiny_tokenizer, trajectories, 1, staleness=staleness)
+    plain = OnlineDiagnostics(config(), 0).run(tiny_model, tiny_tokenizer, trajectories, 1)
+    assert {k: v for k, v in out.items() if not k.startswith("async/")} == plain  # the whole batch's, unchanged
+
+    def split(k: int, scheme: str = "first_turn") -> dict[str, float]:
+        prefix = f"async/staleness_{k}/collapse_{scheme}/"
+        return {key.removeprefix(prefix): v for key, v in out.items() if key.startswith(prefix)}
+
+    fresh, stale = split(0), split(1)
+    assert (fresh["num_pairs"], stale["num_pairs"]) == (3, 5)  # group 1 has one empty first reasoning
+    assert fresh["num_inputs"] == stale["num_inputs"] == 3 and fresh["chance_level"] == pytest.approx(1 / 3)
+    assert not any(key in part for part in (fresh, stale) for key in ("mi_zscore_ema", "marginal_std_ema"))
+    whole = {key.removeprefix("collapse_first_turn/"): v for key, v in plain.items()}
+    for key in ("retrieval_acc", "recall@2", "mi_est", "mi_seq_est", "cond_entropy", "reasoning_entropy"):
+        assert (3 * fresh[key] + 5 * stale[key]) / 8 == pytest.approx(whole[key]), key
+
+    prompts = [trajectories[3 * g].turns[0].prompt_ids for g in range(3)]
+    pairs = [(reasoning_ids(t.turns[0]), t.group_id) for t in trajectories[3:] if reasoning_ids(t.turns[0])]
+    logp = np.array([[score_matrix_naive(tiny_model, None, [p], [z])[0, 0] for p in prompts] for z, _ in pairs])
+    expected = mi_metrics(logp, np.array([g for _, g in pairs]), lengths=np.array([len(z) for z, _ in pairs]),
+                          input_ids=prompts)  # groups 1 and 2's reasonings against all three inputs
+    for key in ("retrieval_acc", "mi_est", "mi_zscore", "marginal_std", "cond_entropy", "num_pairs"):
+        assert stale[key] == pytest.approx(expected[key], abs=1e-4), key
+
+    trajectory_pairs_drawn = sum(split(k, "trajectory")["num_pairs"] for k in (0, 1))
+    assert trajectory_pairs_drawn == out["collapse_trajectory/num_pairs"]
+    assert re.search(r"^\| `async/staleness_K/collapse_<scheme>/<metric>` \|", METRICS_DOC.read_text(), re.MULTILINE)
+    # A staleness whose groups gave no first-turn reasoning logs its count, 0, and nothing else.
+    silent = batch(empty_first=((1, 0), (1, 1), (1, 2)))
+    out = OnlineDiagnostics(config(), 0).run(tiny_model, tiny_tokenizer, silent, 1, staleness={0: 0, 1: 2, 2: 0})
+    assert {k: v for k, v in out.items() if k.startswith("async/staleness_2/collapse_first_turn/")} == {
+        "async/staleness_2/collapse_first_turn/num_pairs": 0.0}
+    assert out["async/staleness_0/collapse_first_turn/num_pairs"] == out["collapse_first_turn/num_pairs"] == 6

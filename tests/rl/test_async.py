@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from ragen2.rl.checkpoint import latest_step
 from ragen2.tracking import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
+METRICS_DOC = REPO / "docs" / "metrics.md"
 
 # Keys that differ between any two runs (wall-clock time, memory) or exist only in the asynchronous schedule.
 UNCOMPARED = ("timing_s/", "system/", "async/")
@@ -67,10 +69,13 @@ def test_samples_record_the_policy_version_that_drew_them(policy_dir, tmp_path):
     for step in (1, 4):
         trajectories, _ = trainer.rollout_phase(run, step)
         assert {t.policy_version for t in trajectories} == {step - 1}
-    metrics = trainer.staleness_metrics(trajectories[:3] + [trainer.dataclasses.replace(trajectories[3],
-                                                                                          policy_version=1)], 4)
+    mixed = trajectories[:3] + [trainer.dataclasses.replace(trajectories[3], policy_version=1)]  # group 0
+    metrics = trainer.staleness_metrics(mixed, 4)
     assert metrics["async/staleness_mean"] == pytest.approx(0.5) and metrics["async/staleness_max"] == 2.0
     assert (metrics["async/staleness_frac_0"], metrics["async/staleness_frac_2"]) == (0.75, 0.25)
+    # The MI split by staleness counts a group at its stalest episode.
+    assert trainer.group_staleness(mixed + trajectories[4:], 4) == {0: 2, 1: 0}
+    assert trainer.group_staleness(trajectories, 6) == {0: 2, 1: 2}
     run.tracker.close()
 
 
@@ -100,11 +105,12 @@ def test_the_async_section_round_trips_and_refuses_what_does_not_run(policy_dir,
 
 def test_staleness_one_trains_on_groups_from_a_rollout_worker(policy_dir, tmp_path):
     """A real worker process plays the groups; step 1's are the synchronous run's (same seeds and weights),
-    later ones are one update old, the importance weights correct them, and the worker is gone at the end."""
+    later ones are one update old, the importance weights correct them, every MI check is also split by
+    staleness, and the worker is gone at the end."""
     every_group = ("filter.strategy=none",)  # the random policy's groups all have zero variance
     trainer.train(tiny(policy_dir, tmp_path / "sync", *every_group, "trainer.total_steps=1"))
     trainer.train(tiny(policy_dir, tmp_path / "async", *every_group, "trainer.total_steps=4",
-                       "async.enable=true", "async.max_staleness=1"))
+                       "async.enable=true", "async.max_staleness=1", "collapse.compute_freq=1"))
     sync, records = read_metrics(tmp_path / "sync"), read_metrics(tmp_path / "async")
     assert [r["step"] for r in records] == [0, 1, 2, 3, 4]
     trained = records[1:]
@@ -119,6 +125,19 @@ def test_staleness_one_trains_on_groups_from_a_rollout_worker(policy_dir, tmp_pa
         assert 0 < r["rollout_corr/is_weight_mean"] and r["rollout_corr/is_weight_max"] <= 2.0
     stale = [r for r in trained if r["async/staleness_frac_1"] == 1]
     assert all(r["rollout_corr/is_weight_max"] != 1.0 for r in stale)  # weights of a policy that moved
+    split = re.compile(r"async/staleness_(\d+)/collapse_(\w+)/.+")
+    checked = [r for r in trained if r["collapse_first_turn/num_pairs"] > 0]  # the random policy rarely thinks
+    assert checked[0] is trained[0]  # step 1 (staleness 0): the synchronous run's batch, with one pair
+    for r in checked:  # every group is kept (strategy=none), so the check's staleness is the trained one
+        found = {int(m.group(1)) for m in map(split.fullmatch, r) if m}
+        assert found == {k for k in (0, 1) if r[f"async/staleness_frac_{k}"] > 0}
+        for scheme in ("first_turn", "trajectory"):
+            if r[f"collapse_{scheme}/num_pairs"] == 0:  # a scheme that scored nothing is not split
+                continue
+            by_lag = [r[f"async/staleness_{k}/collapse_{scheme}/num_pairs"] for k in found]
+            assert sum(by_lag) == r[f"collapse_{scheme}/num_pairs"]
+            assert r[f"async/staleness_{max(found)}/collapse_{scheme}/cond_entropy"] > 0
+    assert "| `async/staleness_K/collapse_<scheme>/<metric>` |" in METRICS_DOC.read_text()
     assert config_from_file(tmp_path / "async" / "config.yaml").algo.rollout_is == "token"
     assert not multiprocessing.active_children()
 
