@@ -90,6 +90,22 @@ def test_train_help_names_every_environment_and_algorithm():
         assert re.search(rf"\b{name}\b", text), name
 
 
+def test_train_help_says_whether_each_built_in_preset_learns():
+    from ragen2.cli import PRESET_LEARNING, build_parser
+    from ragen2.envs import names
+
+    train = build_parser()._subparsers._group_actions[0].choices["train"]
+    text = " ".join(train.format_help().split())
+    marked = {name.strip() for names_, _ in PRESET_LEARNING for name in names_.split(",")}
+    presets = [path.stem for path in (REPO / "ragen2" / "configs").glob("*.yaml")]
+    for name in [*names(), *presets, "SUITE:GAME"]:
+        assert name in marked, name
+    verdicts = ("learns", "not measurably", "not measured", "not from")
+    for names_, verdict in PRESET_LEARNING:
+        assert any(v in verdict for v in verdicts), names_
+        assert " ".join(f"{names_}: {verdict}".split()) in text, names_
+
+
 def test_a_hub_client_warning_prints_once():
     """huggingface_hub logs through its own handler; the CLI's root handler must not print it again."""
     probe = (
