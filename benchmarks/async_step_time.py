@@ -17,7 +17,7 @@ Both processes share the machine's cores: with one core each the overlap is real
 loaded by other jobs it is not, and the ratios say so.
 
     python benchmarks/async_step_time.py [--model tiny] [--preset sokoban] [--steps 4] [--skip 1]
-        [--repeats 1] [--threads 1] [--out async_step_time.json] [overrides ...]
+        [--repeats 1] [--threads 1] [--sync-threads N] [--out async_step_time.json] [overrides ...]
 """
 
 from __future__ import annotations
@@ -61,14 +61,18 @@ def main() -> None:
     parser.add_argument("--skip", type=int, default=1, help="Leading steps left out (the worker's start-up).")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each process.")
+    parser.add_argument("--sync-threads", type=int, default=None,
+                        help="torch threads of the synchronous run (default: --threads); with --threads 1 on 2 cores, "
+                             "--sync-threads 2 gives the synchronous run the two cores the async run's processes share.")
     parser.add_argument("--out", default="async_step_time.json")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    torch.set_num_threads(args.threads)
+    threads = {"sync": args.sync_threads or args.threads, "async": args.threads}
     order = [v for r in range(args.repeats) for v in (("sync", "async") if r % 2 == 0 else ("async", "sync"))]
     rows: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
     with tempfile.TemporaryDirectory() as tmp:
         for i, variant in enumerate(order):
+            torch.set_num_threads(threads[variant])
             rows[variant] += run_variant(args, variant, Path(tmp) / f"{variant}-{i}")
     means = {v: {c: float(np.mean([r[c] for r in rs])) for c in COLUMNS} for v, rs in rows.items()}
     print(f"{'variant':8s} " + " ".join(f"{c:>17s}" for c in COLUMNS))
