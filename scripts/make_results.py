@@ -1094,12 +1094,26 @@ def correlation_claim(sweeps: dict[str, Sweep], figures: Path) -> Claim:
         "interval; *not reproduced* otherwise.",
         "",
         f"Result: trajectory MI-ZScore-EMA ρ = {fmt_rho(*mi)}; entropies' ρ "
-        f"{', '.join(f'{x:+.2f}' for x in entropies) or '–'}.",
+        f"{', '.join(f'{x:+.2f}' for x in entropies) or '–'}. {within_environments(by_env, 'mi_zscore_ema_traj', mi)}",
         "",
     ]
     path = rho_bars(figures / "correlation.png", rows, "Spearman ρ with final success, all runs (95% bootstrap CI)")
     body.append(f"![correlations](figures/{path.name})")
     return Claim(title, paper, f"traj MI-ZScore-EMA ρ = {fmt_rho(*mi)}", verdict, body)
+
+
+def within_environments(by_env: dict[str, list[Run]], col: str, pooled: tuple[float, float, float, int]) -> str:
+    """Whether a pooled ρ holds inside the environments with enough runs (10 or more) or only between them: a pool
+    of environments that differ in both success and the proxy correlates even where no environment does."""
+    large = {env: runs for env, runs in sorted(by_env.items()) if len(runs) >= 10}
+    if not large:
+        return ""
+    rhos = {env: spearman_ci([r.row[col] for r in runs], [r.row["final_success"] for r in runs]) for env, runs in large.items()}
+    listed = "; ".join(f"{env} {fmt_rho(*rho)}" for env, rho in rhos.items())
+    if pooled[1] > 0 and all(not rho[1] > 0 for rho in rhos.values()):
+        return (f"Within one environment ({listed}) no interval is above 0: the pooled interval is, because the "
+                "environments differ in both success and the proxy, so the pool correlates where no single one does.")
+    return f"Within one environment: {listed}."
 
 
 def _coef(run: Run) -> float:
@@ -1129,7 +1143,8 @@ def changes(claims: Sequence[Claim], before: dict[str, tuple[str, str]]) -> list
         old = before.get(c.title)
         was = f"{old[0]} (**{old[1]}**)" if old else "not on the earlier page"
         now = ("not re-run since" if old else "not run yet") if c.verdict == "not run" else f"{c.ours} (**{c.verdict}**)"
-        lines.append(f"- {c.title}. Before: {was}. Now: {now}.")
+        changed = " The verdict changed; its section says why." if old and c.verdict not in ("not run", old[1]) else ""
+        lines.append(f"- {c.title}. Before: {was}. Now: {now}.{changed}")
     return lines
 
 
