@@ -60,6 +60,9 @@ from ragen2.errors import ConfigError
 from ragen2.tags import ACTION_SEPARATOR, ANSWER_CLOSE, ANSWER_OPEN, THINK_CLOSE
 
 Cell = tuple[int, int]  # (row, col), as the environments use
+# This turn's response for a live env, from (env, max_actions, rng); None when the state leaves the
+# oracle nothing to demonstrate, which ends the episode.
+Oracle = Callable[[TextEnv, int, np.random.Generator], str | None]
 
 # Tie-break among equally short solutions: rows before columns.
 PRIORITY = ("Up", "Down", "Left", "Right")
@@ -159,13 +162,66 @@ def sokoban_demo(env: SokobanEnv, max_actions: int, rng: np.random.Generator) ->
         player = nxt
     else:  # unreachable: a Sokoban solution pushes at least once
         raise AssertionError(f"plan {plan} never pushes a box")
+    return _response(_sokoban_reasoning(env, box, push, "Push"), plan[:max_actions])
+
+
+def _sokoban_reasoning(env: SokobanEnv, box: Cell, push: str, verb: str) -> str:
+    """The positions, then `VERB it PUSH from STAND.` and the walk to STAND (the cell behind the box)."""
     target = min(env.targets, key=lambda t: (abs(t[0] - box[0]) + abs(t[1] - box[1]), t))
     stand = _shift(box, push, -1)
-    reasoning = (
+    return (
         f"Player at {_fmt(env.player)}; box at {_fmt(box)}; target at {_fmt(target)}. "
-        f"Push it {push} from {_fmt(stand)}. {_heading(env.player, stand)}"
+        f"{verb} it {push} from {_fmt(stand)}. {_heading(env.player, stand)}"
     )
-    return _response(reasoning, plan[:max_actions])
+
+
+def sokoban_wedge(env: SokobanEnv) -> tuple[Cell, str, list[str]] | None:
+    """A push after which the room has no solution, as (box, direction, walk to it and the push); None if none exists.
+
+    The first such push in (box, PRIORITY) order whose cell behind the box the player can reach
+    without moving a box: the beginner's mistake of pushing a box against a wall it cannot leave.
+    """
+    room = Room(env.dim_room, frozenset(env.walls), frozenset(env.targets), frozenset(env.boxes), env.player)
+
+    def walk(cell: Cell, move: str) -> Cell | None:
+        nxt = _shift(cell, move)
+        return None if nxt in room.boxes else cell if room.blocked(nxt) else nxt
+
+    for box in sorted(room.boxes):
+        for push in PRIORITY:
+            stand, beyond = _shift(box, push, -1), _shift(box, push)
+            if room.blocked(stand) or stand in room.boxes or room.blocked(beyond) or beyond in room.boxes:
+                continue
+            after = (box, room.boxes - {box} | {beyond})
+            solution = canonical_path(after, lambda state, a: room.move(*state, MOVES[a]), lambda state: state[1] <= room.targets)
+            if solution is not None:
+                continue  # still solvable
+            path = [] if stand == env.player else canonical_path(env.player, walk, lambda cell: cell == stand)
+            if path is not None:
+                return box, push, path + [push]
+    return None
+
+
+def sokoban_novice(probability: float) -> Oracle:
+    """The Sokoban oracle, replaced in each turn with `probability` by a novice who wedges the box (`sokoban_wedge`).
+
+    The novice's reasoning has the solver's form with `Wedge` where the solver writes `Push`: one
+    word, right after the positions, decides whether the episode can still be won. A policy
+    warm-started on both teachers makes that choice about as often as they did, and RL can learn
+    from reward alone which to follow (the default run, docs/benchmarks.md), as it learns the
+    better Bandit arm. After a wedge the room has no solution and the demonstration ends.
+    """
+
+    def oracle(env: SokobanEnv, max_actions: int, rng: np.random.Generator) -> str | None:
+        if sokoban_plan(env) is None:
+            return None
+        wedge = sokoban_wedge(env) if rng.random() < probability else None
+        if wedge is None:
+            return sokoban_demo(env, max_actions, rng)
+        box, push, actions = wedge
+        return _response(_sokoban_reasoning(env, box, push, "Wedge"), actions[:max_actions])
+
+    return oracle
 
 
 def frozenlake_plan(env: FrozenLakeEnv) -> list[str] | None:
@@ -342,8 +398,6 @@ def external_demo(env: ExternalEnv, max_actions: int, rng: np.random.Generator) 
     return _response(f"Plan: {shown}.", plan[:max_actions])
 
 
-Oracle = Callable[[TextEnv, int, np.random.Generator], str]
-
 ORACLES: dict[type[TextEnv], Oracle] = {
     SokobanEnv: sokoban_demo,
     FrozenLakeEnv: frozenlake_demo,
@@ -358,8 +412,8 @@ ORACLES: dict[type[TextEnv], Oracle] = {
 PRETRAINED_ORACLES: dict[type[TextEnv], Oracle] = ORACLES | {BanditEnv: bandit_reading_demo}
 
 
-def demo_response(env: TextEnv, max_actions: int, rng: np.random.Generator, oracles: dict[type[TextEnv], Oracle] = ORACLES) -> str:
-    """This turn's demonstration, `reasoning</think><answer>A1 || A2</answer>`, for a live env.
+def demo_response(env: TextEnv, max_actions: int, rng: np.random.Generator, oracles: dict[type[TextEnv], Oracle] = ORACLES) -> str | None:
+    """This turn's demonstration, `reasoning</think><answer>A1 || A2</answer>`, for a live env (None: nothing to show).
 
     `max_actions` caps the actions per turn (the rollout's `max_actions_per_turn`); `rng`
     draws the random choices some oracles make (the Bandit arm); `oracles` maps environment
@@ -435,6 +489,8 @@ def play_demo(
     actions_left, results = env.max_actions, None
     for _ in range(max_turns):
         response = demo_response(env, max_actions_per_turn, rng, oracles)
+        if response is None:
+            break
         if tool_calls:
             response = tool_response(env, response, max_actions_per_turn)
             actions = parse_tool_turn(response, ResponseFormat(), max_actions_per_turn, env.tool_action).actions

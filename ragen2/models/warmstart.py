@@ -41,7 +41,8 @@ from ragen2.tags import TAGS
 from ragen2.envs import EVAL_SEED_OFFSET  # demonstrations stay on training seeds, below it
 from ragen2.envs.base import TextEnv
 from ragen2.errors import ConfigError, did_you_mean
-from ragen2.models.demos import ORACLES, DemoEpisode, Oracle, play_demo
+from ragen2.envs.sokoban import SokobanEnv
+from ragen2.models.demos import ORACLES, DemoEpisode, Oracle, play_demo, sokoban_novice
 from ragen2.models.tiny import (
     TOOL_TAG_TOKENS, TOOLS_CHAT_TEMPLATE, TOOLS_POSTAMBLE, TOOLS_PREAMBLE, build_model, build_tokenizer,
 )
@@ -155,6 +156,11 @@ class WarmStartConfig:
     """Padded tokens per batch; sequences of similar length are batched together."""
     grad_clip: float = 1.0
     """Global gradient-norm clip."""
+    sokoban_novice: float = 0.0
+    """Probability, in each Sokoban turn, that the demonstrator is a novice who wedges the box against a wall
+    (`demos.sokoban_novice`: its reasoning says `Wedge` where the solver's says `Push`, and the room can no
+    longer be solved). A choice that decides the episode, left in the warm start for RL to learn; 0 = the
+    solver throughout."""
     stop_at_success: float = 0.0
     """Stop at the first check whose success on validation seeds (mean over `envs`) reaches this; 0 trains
     all `steps`. Stopping after a fixed number of steps part of the way lands anywhere (one 2-layer
@@ -184,6 +190,8 @@ class WarmStartConfig:
             raise ConfigError("warmstart envs=() is not allowed: name at least one environment")
         if self.lr <= 0:
             raise ConfigError(f"warmstart lr={self.lr} is not allowed: use a positive number")
+        if not 0 <= self.sokoban_novice <= 1:
+            raise ConfigError(f"warmstart sokoban_novice={self.sokoban_novice} is not allowed: use a probability in [0, 1]")
         if not 0 <= self.stop_at_success <= 1:
             raise ConfigError(f"warmstart stop_at_success={self.stop_at_success} is not allowed: use a success rate "
                               "in (0, 1], or 0 to train all steps")
@@ -195,6 +203,8 @@ class WarmStartConfig:
         if not self.stop_at_success:  # no checks run, so their settings cannot change the weights
             for name in ("stop_at_success", "check_every", "check_episodes"):
                 del settings[name]
+        if not self.sokoban_novice:  # the keys of warm starts from before the novice stay valid
+            del settings["sokoban_novice"]
         blob = json.dumps({"version": WARMSTART_VERSION, **settings}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
@@ -274,7 +284,7 @@ def save_atomically(out: Path, key: str, build: Callable[[Path], None], force: b
 CLI_SETTINGS = (
     "episodes_per_env", "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
     "intermediate_size", "steps", "lr", "warmup_steps", "weight_decay", "batch_tokens", "grad_clip",
-    "stop_at_success", "check_every", "check_episodes",
+    "sokoban_novice", "stop_at_success", "check_every", "check_episodes",
 )
 
 
@@ -318,7 +328,8 @@ def _build(config: WarmStartConfig, out: Path, device: torch.device) -> None:
     """The warm start proper: demos, tokenizer, model, SFT, then save into `out`."""
     start = time.perf_counter()
     rng = np.random.default_rng(config.seed)
-    demos = make_demos(config, rng)
+    oracles = ORACLES | {SokobanEnv: sokoban_novice(config.sokoban_novice)} if config.sokoban_novice else ORACLES
+    demos = make_demos(config, rng, oracles)
     log.info("warm start: %d demonstration episodes in %.1fs", len(demos), time.perf_counter() - start)
 
     tokenizer = demo_tokenizer(demos, config.vocab_size)

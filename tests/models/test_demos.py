@@ -11,7 +11,8 @@ from ragen2.envs import make
 from ragen2.envs.sokoban import SokobanEnv
 from ragen2.errors import ConfigError
 from ragen2.models.demos import (
-    ORACLES, PRETRAINED_ORACLES, canonical_path, demo_response, frozenlake_plan, play_demo, sokoban_plan, tool_call,
+    ORACLES, PRETRAINED_ORACLES, canonical_path, demo_response, frozenlake_plan, play_demo, sokoban_novice, sokoban_plan,
+    sokoban_wedge, tool_call,
 )
 from ragen2.models.warmstart import DEFAULT_ENV_KWARGS, DEFAULT_ENV_TURNS
 
@@ -258,3 +259,51 @@ def test_tool_call_inverts_tool_action_and_names_the_tools_when_no_call_fits():
         tool_call(searchqa, "look[x]")
     with pytest.raises(ConfigError, match="sokoban declares no tools"):
         play_demo("sokoban", {}, 0, 5, 2, np.random.default_rng(0), tool_calls=True)
+
+
+def test_a_wedge_leaves_the_room_unsolvable_and_the_walk_to_it_moves_no_box():
+    found = 0
+    for seed in range(60):
+        env = make("sokoban")
+        env.reset(seed=seed)
+        wedge = sokoban_wedge(env)
+        if wedge is None:
+            continue
+        found += 1
+        box, push, actions = wedge
+        assert actions[-1] == push
+        for action in actions[:-1]:
+            env.step(action)
+            assert set(env.boxes) == {box}, f"seed {seed}: the walk {actions} pushed the box"
+        env.step(push)
+        assert env.player == box and sokoban_plan(env) is None, f"seed {seed}: {actions} left a solvable room"
+    assert found >= 30  # most rooms offer a wedge
+
+
+def test_the_novice_says_wedge_in_about_its_share_of_turns_and_ends_the_demonstration_after_one():
+    oracles = ORACLES | {SokobanEnv: sokoban_novice(0.5)}
+    rng, turns, wedged, won_after_a_wedge = np.random.default_rng(0), 0, 0, 0
+    for seed in range(200):
+        episode = play_demo("sokoban", {}, seed, max_turns=5, max_actions_per_turn=2, rng=rng, oracles=oracles)
+        words = [parse_response(t.response).reasoning.split(". ")[1].split()[0] for t in episode.turns]
+        assert set(words) <= {"Push", "Wedge"}, words
+        turns, wedged = turns + len(words), wedged + words.count("Wedge")
+        won_after_a_wedge += episode.success and "Wedge" in words
+        assert replay_succeeds("sokoban", seed, [t.response for t in episode.turns], 2) == episode.success
+    # Below one half: some rooms offer no wedge. A wedge whose walk takes more than one turn can be
+    # undone by the solver in the next: rarely.
+    assert 0.3 < wedged / turns < 0.5 and won_after_a_wedge < 0.2 * 200
+    env = make("sokoban")
+    env.reset(seed=0)
+    assert "Push it" in sokoban_novice(0.0)(env, 2, rng)
+
+
+def test_sokoban_known_room_wedges_the_box_against_the_top_wall():
+    """Up is the first push in PRIORITY order that strands the box (on row 1 it can never come down)."""
+    env = SokobanEnv.from_text("######\n#P___#\n#_X__#\n#_O__#\n#____#\n######")
+    assert sokoban_wedge(env) == ((2, 2), "Up", ["Down", "Down", "Right", "Up"])
+    always = sokoban_novice(1.0)
+    assert always(env, 2, np.random.default_rng(0)) == (
+        "Player at (row 1, col 1); box at (row 2, col 2); target at (row 3, col 2). "
+        "Wedge it Up from (row 3, col 2). Row 1 to 3: down. Col 1 to 2: right.</think><answer>Down || Down</answer>"
+    )

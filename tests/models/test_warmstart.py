@@ -320,3 +320,10 @@ def test_a_stopping_warm_start_records_its_checks_and_the_check_leaves_the_rando
     success = ws.validation_success(model, tokenizer, config)
     assert torch.equal(state, torch.get_rng_state()) and not model.training
     assert success == ws.validation_success(model, tokenizer, config) == info["validation_checks"][-1]["success"]
+
+
+def test_the_novice_share_keys_its_warm_start_and_must_be_a_probability():
+    assert ws.WarmStartConfig(sokoban_novice=0.0).key() == "d10ad80ef562"
+    assert ws.WarmStartConfig(sokoban_novice=0.5).key() != ws.WarmStartConfig(sokoban_novice=0.3).key()
+    with pytest.raises(ConfigError, match="sokoban_novice=1.5"):
+        ws.WarmStartConfig(sokoban_novice=1.5)
