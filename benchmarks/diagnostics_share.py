@@ -1,6 +1,6 @@
 """The collapse diagnostics' share of the default run's step time: this tree's diagnostics vs a baseline's.
 
-Both sides train the default config (`ragen2 train` with no arguments: the tiny policy on
+Both sides train the default config (`ragen2 train sokoban`, Config's defaults: the tiny policy on
 Sokoban, 8 groups x 8 episodes of up to 5 turns, diagnostics at step 1 and every
 `collapse.compute_freq` = 5 steps) for `--steps` steps from the same seed, with evaluation,
 intermediate checkpoints, the progress bar and TensorBoard off (step_throughput.py's QUIET);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks recorded in docs/benchmarks.md and docs/results.md, in one script (about 8 minutes
 # on one H200 for stages 1-4; stage 5 is new and not yet timed):
-#   1. the default run (`ragen2 train`: tiny policy, Sokoban, GRPO, filter and diagnostics on) on
+#   1. the default config (`ragen2 train sokoban`: tiny policy, Sokoban, GRPO, filter and diagnostics on) on
 #      CUDA, 1 process, HF backend: step time, generated tokens/s and peak memory
 #      (benchmarks/step_throughput.py, Part 1); the same on the machine's CPU cores as the baseline;
 #   2. a 25M-parameter policy warm-started from scratch on the GPU, and its held-out success;

@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--compare", choices=sorted(COMPARISONS), default="processes", help="What to compare.")
     parser.add_argument("--processes", type=int, default=2, help="Data-parallel processes (default: 2).")
-    parser.add_argument("--preset", default="sokoban", help="Config preset (default: sokoban, the default run).")
+    parser.add_argument("--preset", default="sokoban", help="Config preset (default: sokoban).")
     parser.add_argument("--model", help="--compare backends: model directory (default: a random ~25M-parameter Qwen2).")
     parser.add_argument("--device", default="cpu", help="model.device of every run (default: cpu).")
     parser.add_argument("--steps", type=int, default=4, help="Training steps per run (default: 4).")

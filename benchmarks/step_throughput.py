@@ -1,6 +1,6 @@
 """Training-step throughput of the default config, and ragen2's GRPO step against TRL's GRPOTrainer.
 
-Part 1, the default config. `ragen2 train` with no arguments (the tiny policy on Sokoban, P=8
+Part 1, the default config. `ragen2 train sokoban`, Config's defaults (the tiny policy on Sokoban, P=8
 groups x G=8 episodes of up to 5 turns, GRPO, SNR-aware filter, collapse diagnostics on) runs
 `--steps` steps with evaluation, intermediate checkpoints, the progress bar and TensorBoard
 off; the end-of-run checkpoint is left out of the step time. Everything comes from the
@@ -166,7 +166,7 @@ def run_default(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
     tokens = [generated_tokens(r, episodes) for r in measured]
     generate_s = [r["timing_s/generate"] for r in measured]
     return {
-        "config": f"{'default (`ragen2 train`)' if args.preset is None else args.preset}"
+        "config": f"{'default (`ragen2 train sokoban`)' if args.preset is None else args.preset}"
                   f"{' with overrides' if args.overrides else ''}: {config.env.name}, "
                   f"{config.algo.name}, {config.rollout.num_groups}x{config.rollout.group_size} episodes of up to "
                   f"{config.rollout.max_turns} turns, {config.rollout.max_tokens_per_turn} tokens/turn, "
@@ -504,7 +504,7 @@ def main() -> None:
     parser.add_argument("--skip", type=int, default=1, help="First steps of each run left out of the means (warm-up).")
     g1 = parser.add_argument_group("part 1: the default config")
     g1.add_argument("--skip-default", action="store_true", help="Do not run Part 1.")
-    g1.add_argument("--preset", default=None, help="Config preset for Part 1 (default: none, as `ragen2 train`).")
+    g1.add_argument("--preset", default=None, help="Config preset for Part 1 (default: none, Config's defaults: Sokoban).")
     g1.add_argument("--device", default="auto", help="Part 1's model.device.")
     g1.add_argument("--steps", type=int, default=3, help="Training steps of Part 1.")
     g1.add_argument("overrides", nargs="*", help="Config overrides for Part 1, e.g. rollout.num_groups=4.")

@@ -1,6 +1,6 @@
 """The default run's step time on this checkout against another commit's, in one session, same config and seeds.
 
-Runs Part 1 of benchmarks/step_throughput.py (the default `ragen2 train`: tiny policy, Sokoban,
+Runs Part 1 of benchmarks/step_throughput.py (the default config, `ragen2 train sokoban`: tiny policy, Sokoban,
 8 x 8 episodes, GRPO, filter and diagnostics on) as a fresh process importing ragen2 from each
 checkout, alternating (this, baseline, baseline, this, ...) over --repeats so that a change in
 the machine's load biases neither side. The same script and seeds serve both sides; only the

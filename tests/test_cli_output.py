@@ -126,3 +126,25 @@ def _run_probe(code: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     return done
+
+
+def test_train_without_a_preset_runs_the_default_preset(tmp_path, save_random_policy, caplog):
+    """`ragen2 train` = `ragen2 train default` (FrozenLake, 16 x 8 at lr 5e-4, 256 held-out episodes), overrides on top."""
+    import logging
+
+    import yaml
+
+    from ragen2.cli import main
+
+    policy = tmp_path / "policy"
+    save_random_policy(policy)
+    run_dir = tmp_path / "run"
+    with caplog.at_level(logging.INFO, logger="ragen2"):
+        assert main(["train", f"model.path={policy}", "model.device=cpu", f"trainer.run_dir={run_dir}",
+                     "rollout.group_size=2", "rollout.max_tokens_per_turn=8", "trainer.total_steps=1",
+                     "trainer.eval_every=0", "collapse.enable=false", "logging.tensorboard=false"]) == 0
+    assert "preset default (the default)" in caplog.text
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert saved["env"]["name"] == "frozenlake" and saved["rollout"]["num_groups"] == 16
+    assert saved["optim"]["lr"] == 5e-4 and saved["trainer"]["eval_episodes"] == 256
+    assert saved["model"]["path"] == str(policy) and saved["rollout"]["group_size"] == 2

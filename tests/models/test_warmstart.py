@@ -250,6 +250,18 @@ def test_the_default_warm_start_keeps_its_key():
     assert ws.WarmStartConfig().key() == "d10ad80ef562"
 
 
+def test_the_default_runs_policy_is_the_frozenlake_learning_tests_warm_start():
+    """tiny:frozenlake (the `default` preset's model) is the 700-step part-way warm start that
+    tests/rl/test_learning.py trains from, so the seeds recorded for one stand for the other."""
+    from ragen2.config import load_config
+
+    assert load_config("default").model.path == "tiny:frozenlake"
+    explicit = dict(envs=("frozenlake",), episodes_per_env=1000, steps=700, num_layers=2, batch_tokens=2048, lr=1e-2,
+                    warmup_steps=50)
+    assert ws.make_config(0, {"envs": ("frozenlake",)}) == ws.WarmStartConfig(**explicit)
+    assert ws.make_config(0, {"envs": ("frozenlake",)}).key() == "ea5387713e48"
+
+
 def test_tool_demonstration_samples_equal_what_a_tool_calling_rollout_of_the_same_responses_stores():
     config = ws.WarmStartConfig(envs=("searchqa+tools", "code+tools", "webshop+tools"), episodes_per_env=40,
                                 vocab_size=600)
