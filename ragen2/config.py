@@ -1124,6 +1124,8 @@ def config_markdown() -> str:
         "",
         "Set keys as `key=value` after the preset: `ragen2 train frozenlake-ppo algo.clip_high=0.3`.",
         f"Presets: {preset_pattern()}.",
+        "`ragen2 train` with no preset runs `default` (ragen2/configs/default.yaml, FrozenLake from a part-way "
+        "policy); the defaults below, with no preset at all (`load_config()`), are Sokoban's run.",
         "",
         "| key | default | meaning |",
         "|---|---|---|",
