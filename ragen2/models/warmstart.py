@@ -15,6 +15,7 @@ samples, so the warm start trains on exactly the token layout RL later trains on
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import hashlib
@@ -26,7 +27,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -234,7 +235,10 @@ def warmstart(
 
     `settings` are `WarmStartConfig` fields (steps, envs, episodes_per_env, hidden_size, ...).
     `device` is where the fine-tuning runs ("cuda" for a larger model); it is not part of the
-    key, since CPU and GPU builds of the same settings differ only by float rounding. A directory
+    key, since CPU and GPU builds of the same settings differ only by float rounding. On the CPU
+    it runs on one thread (`one_thread`), so the same settings give the same weights whatever
+    the core count: a part-way policy is sensitive to the order of float sums (the default
+    run's, built on two threads, landed elsewhere and did not learn). A directory
     that already holds a warm start with the same settings is reused unless `force`. The
     result appears atomically: it is written to a temporary sibling and renamed, so an
     interrupted run never leaves a directory that looks complete. It loads with
@@ -242,7 +246,24 @@ def warmstart(
     """
     config = make_config(seed, settings)
     out = Path(out_dir) if out_dir is not None else cache_path(config)
-    return save_atomically(out, config.key(), lambda tmp: _build(config, tmp, torch.device(device)), force)
+    on = torch.device(device)
+
+    def build(tmp: Path) -> None:
+        with one_thread() if on.type == "cpu" else contextlib.nullcontext():
+            _build(config, tmp, on)
+
+    return save_atomically(out, config.key(), build, force)
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """torch on one thread inside, the caller's thread count restored after: float sums in one order."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def save_atomically(out: Path, key: str, build: Callable[[Path], None], force: bool = False) -> Path:

@@ -339,3 +339,21 @@ def test_the_novice_share_keys_its_warm_start_and_must_be_a_probability():
     assert ws.WarmStartConfig(sokoban_novice=0.5).key() != ws.WarmStartConfig(sokoban_novice=0.3).key()
     with pytest.raises(ConfigError, match="sokoban_novice=1.5"):
         ws.WarmStartConfig(sokoban_novice=1.5)
+
+
+def test_a_cpu_warm_start_gives_the_same_weights_on_any_thread_count(tmp_path):
+    """It trains on one thread, whatever the caller's count, which it gets back: equal keys, equal weights."""
+    from safetensors.torch import load_file
+
+    threads = torch.get_num_threads()
+    weights = []
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            out = ws.warmstart(tmp_path / f"threads-{n}", **(TINY | {"hidden_size": 64, "steps": 8}))
+            assert torch.get_num_threads() == n
+            weights.append(load_file(out / "model.safetensors"))
+    finally:
+        torch.set_num_threads(threads)
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])

@@ -17,6 +17,8 @@ def policy_dir(tmp_path_factory, save_random_policy) -> Path:
 def small_bandit_policy(tmp_path_factory) -> Path:
     """A small Bandit warm start that answers in format (10 to 13 s, built once per session): for tests
     that need valid reasoning, such as the MI proxies, or a policy RL can improve quickly."""
-    from learning_helpers import SMALL_BANDIT_WARMSTART, warmstart_one_thread
+    from learning_helpers import SMALL_BANDIT_WARMSTART
 
-    return warmstart_one_thread(tmp_path_factory.mktemp("small-bandit"), **SMALL_BANDIT_WARMSTART)
+    from ragen2.models.warmstart import warmstart
+
+    return warmstart(tmp_path_factory.mktemp("small-bandit"), **SMALL_BANDIT_WARMSTART)

@@ -1,4 +1,4 @@
-"""What the learning tests share: a one-thread warm start, an RL run that reports its two evaluations,
+"""What the learning tests share: a small Bandit warm start's settings, an RL run that reports its two evaluations,
 and the rise of held-out success in standard errors (tests/rl/test_learning.py, test_learning_check.py)."""
 
 from __future__ import annotations
@@ -6,10 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import torch
-
 from ragen2.config import load_config
-from ragen2.models.warmstart import warmstart
 from ragen2.rl.trainer import train
 from ragen2.tracking import read_metrics
 
@@ -23,16 +20,6 @@ from ragen2.tracking import read_metrics
 SMALL_BANDIT_WARMSTART = dict(envs=("bandit",), episodes_per_env=300, steps=500, hidden_size=64,
                               intermediate_size=192, vocab_size=512, num_layers=2, batch_tokens=1024, lr=1e-2,
                               warmup_steps=20)
-
-
-def warmstart_one_thread(out: Path, **settings) -> Path:
-    """`warmstart` on one thread, like the tests: the weights depend on the thread count."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return warmstart(out, **settings)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def train_and_evaluate(

@@ -11,7 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from learning_helpers import rise_in_standard_errors, train_and_evaluate, warmstart_one_thread
+from learning_helpers import rise_in_standard_errors, train_and_evaluate
+
+from ragen2.models.warmstart import warmstart
 
 # `learning`: run by `make test-learning`, kept out of `make test` until their budgets are tuned for CI.
 pytestmark = [pytest.mark.slow, pytest.mark.learning]
@@ -29,8 +31,8 @@ def _single_thread(one_thread):
 @pytest.fixture(scope="module")
 def bandit_policy(tmp_path_factory) -> Path:
     # The Bandit oracle pulls a random arm, so the warm start knows the format, not the better arm.
-    return warmstart_one_thread(tmp_path_factory.mktemp("warmstart") / "bandit", envs=("bandit",),
-                                episodes_per_env=500, steps=800, **WARMSTART)
+    return warmstart(tmp_path_factory.mktemp("warmstart") / "bandit", envs=("bandit",),
+                     episodes_per_env=500, steps=800, **WARMSTART)
 
 
 # Bandit groups share the env seed, so the risky arm pays the same to every member of a group:
@@ -63,9 +65,8 @@ def frozenlake_policy(tmp_path_factory) -> Path:
     # steps land depends on the machine's float rounding: 0.165 held-out success on one machine (the test
     # failed there), 0.355-0.41 on another (it passed). A warm start stopped at 0.4 by its measured level
     # (stop_at_success), with its learning rate still high, did not rise under RL (docs/testing.md).
-    return warmstart_one_thread(tmp_path_factory.mktemp("warmstart") / "frozenlake", envs=("frozenlake",),
-                                episodes_per_env=1000, steps=700, num_layers=2, batch_tokens=2048, lr=1e-2,
-                                warmup_steps=50)
+    # tiny:frozenlake, the default run's policy: 700 steps on 1000 episodes (warmstart.POLICY_SETTINGS).
+    return warmstart(tmp_path_factory.mktemp("warmstart") / "frozenlake", envs=("frozenlake",))
 
 
 def test_frozenlake_success_rises_by_more_than_three_standard_errors(frozenlake_policy, tmp_path, learning_seed):
