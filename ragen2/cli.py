@@ -325,7 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("preset", nargs="?", help="ENV, ENV-ALGO, ENV-ALGO-FILTER or a path to a YAML file "
-                   f"(default: {DEFAULT_PRESET}, the default run).")
+                   f"(none: {DEFAULT_PRESET!r}, the default run).")
     p.add_argument("overrides", nargs="*", help="Dotted overrides, e.g. algo.name=ppo filter.value=0.9.")
     p.add_argument("--resume", metavar="RUN_DIR",
                    help="Continue a run from its last checkpoint, with its saved config; trainer.total_steps=N "
