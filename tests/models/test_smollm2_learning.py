@@ -14,8 +14,8 @@ the three groups in four where the risky arm paid 0 (safe 0.1 against risky 0) t
 the safe arm as hard as the one where it paid 1.0 pushes back, and runs learned to name the safe
 arm (0.031 -> 0.086 and 0.031 -> 0.008 held-out success, return -0.07 -> 0.10). Dr.GRPO keeps
 the reward differences as they are (0.1 against 0.9), which in expectation favour the risky arm.
-At the time of writing the run went from 0.031 to 0.422 (128 episodes each, 8.4 standard errors)
-in 25 minutes on one core.
+On trainer.seed 0 to 4 it rose from 0.023-0.031 to 0.19-0.45 (128 episodes each, 4.1 to 9.1 standard
+errors; docs/testing.md), 10 to 13 minutes a run on one core once the warm start is cached.
 """
 
 from __future__ import annotations
