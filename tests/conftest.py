@@ -5,7 +5,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import torch
 from hypothesis import settings
 
 from ragen2.models.tiny import build_model, build_tokenizer
@@ -61,7 +60,7 @@ def learning_seed() -> int:
 def one_thread():
     """The tiny test models run fastest on one thread, runs are then reproducible across machines,
     and parallel tests do not fight for cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    from ragen2.models.warmstart import one_thread as single_thread
+
+    with single_thread():
+        yield
