@@ -657,16 +657,23 @@ def update_phase(run: Run, batch: Batch, step: int, scale: float) -> dict[str, f
     means over the optimizer steps, and the count of steps skipped for a non-finite value.
     """
     a, cfg = run.config.algo, run.config
+    correcting = a.rollout_is is not None or a.rollout_rs is not None
+    if correcting and batch.rollout_logp is None:
+        raise ConfigError("algo.rollout_is / algo.rollout_rs need the behaviour log-probs of every sampled token, "
+                          "and this rollout did not record them (a backend or agent loop without log-probs): set "
+                          "both to null")
+    # The policy before this update, the denominator of the PPO ratio. With one epoch of one mini-batch
+    # nothing has changed when the loss is computed, so `policy_step` uses its own log-probs, detached,
+    # and this forward pass is saved; importance weights are then made there, micro-batch by micro-batch.
+    # Rejection (algo.rollout_rs) changes the mask, and with it the loss's token counts, before the loss:
+    # it needs the pass.
+    one_pass = a.ppo_epochs == 1 and len(batch) <= a.mini_batch_size and a.rollout_rs is None
     with torch.no_grad():
-        # The policy before this update, the denominator of the PPO ratio. With one epoch of one
-        # mini-batch nothing has changed when the loss is computed, so `policy_step` uses its
-        # own log-probs, detached, and this forward pass is saved.
-        correcting = a.rollout_is is not None or a.rollout_rs is not None
-        if batch.old_logp is None and (correcting or a.ppo_epochs > 1 or len(batch) > a.mini_batch_size):
+        if batch.old_logp is None and not one_pass:
             batch.old_logp = _in_micro_batches(lambda mb: _logprobs(run.policy, mb), batch, a.micro_batch_size)
         if a.kl_coef > 0 and batch.ref_logp is None:  # algo.kl_in_reward computed it already
             batch.ref_logp = _in_micro_batches(lambda mb: _logprobs(run.reference, mb), batch, a.micro_batch_size)
-        correction = off_policy_correction(run, batch) if correcting else {}
+        correction = off_policy_correction(run, batch) if correcting and batch.old_logp is not None else {}
     factor = lr_factor(step, cfg.optim.warmup_steps, cfg.optim.schedule, cfg.trainer.total_steps)
     _set_lr(run.optimizer, cfg.optim.lr * factor)
     if run.critic_optimizer is not None:
@@ -677,6 +684,11 @@ def update_phase(run: Run, batch: Batch, step: int, scale: float) -> dict[str, f
         for rows in torch.randperm(len(batch), generator=order).split(a.mini_batch_size):
             mini = batch.select(rows.to(run.device))
             stats = policy_step(run, mini, scale)
+            if correcting and batch.old_logp is None:  # one pass: the weights' metrics, from policy_step's log-probs
+                with torch.no_grad():
+                    batch.old_logp = torch.zeros_like(batch.mask)
+                    batch.old_logp[rows.to(run.device), : mini.old_logp.shape[1]] = mini.old_logp
+                    correction = off_policy_correction(run, batch)
             if run.critic is not None:
                 critic_stats = critic_step(run, mini)
                 stats["value_loss"] = critic_stats["value_loss"]
@@ -699,10 +711,6 @@ def off_policy_correction(run: Run, batch: Batch) -> dict[str, float]:
     before this update against the behaviour log-probs recorded at sampling (verl's order: once per step,
     before the mini-batches). Sets `batch.is_weights` and narrows `batch.mask`; returns `rollout_corr/...`."""
     a = run.config.algo
-    if batch.rollout_logp is None:
-        raise ConfigError("algo.rollout_is / algo.rollout_rs need the behaviour log-probs of every sampled token, "
-                          "and this rollout did not record them (a backend or agent loop without log-probs): set "
-                          "both to null")
     weights, mask = rollout_correction(
         batch.old_logp, batch.rollout_logp, batch.mask, a.rollout_is, a.rollout_is_threshold, a.rollout_rs,
         a.rollout_rs_threshold, a.rollout_rs_threshold_lower,
@@ -733,7 +741,9 @@ def policy_step(run: Run, mini: Batch, scale: float) -> dict[str, float]:
     by the same normalisation gives the whole mini-batch's (with FSDP, the sharded model sums
     them itself, and ranks with fewer rows run passes that add nothing, to keep in lockstep).
     A non-finite loss or gradient norm skips the step: gradients are dropped and the weights
-    and optimizer state stay as they were.
+    and optimizer state stay as they were. Without `mini.old_logp` (one pass, see `update_phase`) the
+    step's own log-probs, detached, are the policy before it: their importance weights (algo.rollout_is)
+    are made here, and they are left in `mini.old_logp`, on every process, for the weights' metrics.
     """
     a = run.config.algo
     model = run.trainee or run.policy
@@ -744,15 +754,22 @@ def policy_step(run: Run, mini: Batch, scale: float) -> dict[str, float]:
     run.optimizer.zero_grad(set_to_none=True)
     micro_batches = distributed.my_rows(len(mini), a.micro_batch_size, run.device)
     grad_scale = fsdp.gradient_scale() if run.trainee is not None else 1.0
+    own_logp = torch.zeros_like(mini.mask) if mini.old_logp is None else None
     for rows in micro_batches:
         mb = mini.select(rows)
         logits, start = response_logits(model, mb)  # [b, t-1-start, V]
         # Log-probs and full-vocabulary entropy [b, t-1], in one pass whose backward keeps only the logits.
         logp, entropy = (F.pad(x, (start, 0)) for x in token_logprobs_and_entropy(logits, mb.targets[:, start:]))
-        old_logp = logp.detach() if mb.old_logp is None else mb.old_logp
+        old_logp, weights = mb.old_logp, mb.is_weights
+        if own_logp is not None:
+            old_logp = logp.detach()
+            own_logp[rows, : old_logp.shape[1]] = old_logp
+            if a.rollout_is is not None:
+                weights, _ = rollout_correction(old_logp, mb.rollout_logp, mb.mask, a.rollout_is,
+                                                a.rollout_is_threshold)
         pg_loss, pg_stats = policy_loss(
             logp, old_logp, mb.advantages, mb.mask, a.clip_low, a.clip_high, agg, a.clip_ratio_c,
-            norm_tokens=norm, weights=mb.is_weights, **counts,
+            norm_tokens=norm, weights=weights, **counts,
         )
         loss = pg_loss
         if a.entropy_coef:  # without a bonus the entropy is only logged, and backward skips its gradient
@@ -776,6 +793,8 @@ def policy_step(run: Run, mini: Batch, scale: float) -> dict[str, float]:
                              + (["kl"] if a.kl_coef > 0 else []))
     if run.trainee is None:
         distributed.all_reduce_grads(_trainable(run.optimizer))
+    if own_logp is not None:
+        mini.old_logp = distributed.all_reduce_sum(own_logp)
     grad_norm = _clip_and_step(run.optimizer, totals.pop("loss"), run.config.optim.grad_clip)
     return {key: value.item() for key, value in totals.items()} | grad_norm
 

@@ -448,14 +448,17 @@ def test_rollouts_record_the_behaviour_logprobs_of_every_trained_token(policy_di
     run.tracker.close()
 
 
-def _corrected_update(policy_dir: Path, run_dir: Path, shift: float, *overrides: str):
-    """One update whose batch's behaviour log-probs are the policy's own plus `shift` on every other row."""
+def _corrected_update(policy_dir: Path, run_dir: Path, shift: float, *overrides: str, old_logp: bool = False):
+    """One update whose batch's behaviour log-probs are the policy's own plus `shift` on every other row;
+    with `old_logp`, the policy's log-probs before the update are given, as a separate pass makes them."""
     run = trainer.setup(tiny_config(policy_dir, run_dir, "algo.mini_batch_size=64", *overrides))
     batch = trainer.advantage_phase(run, _with_varied_returns(run))
     with torch.no_grad():
         own = trainer._in_micro_batches(lambda mb: trainer._logprobs(run.policy, mb), batch, 2)
     rows = torch.arange(len(batch)) % 2 == 1
     batch.rollout_logp = (own + shift * rows[:, None]) * batch.mask
+    if old_logp:
+        batch.old_logp = own
     mask = batch.mask.clone()
     metrics = trainer.update_phase(run, batch, step=1, scale=1.0)
     run.tracker.close()
@@ -481,6 +484,19 @@ def test_on_policy_correction_changes_nothing_and_stale_rows_are_weighted_or_rej
                                          "algo.rollout_rs_threshold=2.0")
     assert metrics["rollout_corr/rejected_frac"] == pytest.approx(odd, abs=1e-6)
     assert "rollout_corr/is_weight_mean" not in metrics
+
+
+def test_one_pass_weights_match_those_of_a_separate_old_logprob_pass(policy_dir, tmp_path):
+    """One epoch of one mini-batch makes the importance weights from the update's own forward pass: the
+    update and the `rollout_corr/` metrics are those of a run that computes the old log-probs first."""
+    separate, expected, _, _ = _corrected_update(policy_dir, tmp_path / "a", 1.0, "algo.rollout_is=token",
+                                                 old_logp=True)
+    one_pass, metrics, _, _ = _corrected_update(policy_dir, tmp_path / "b", 1.0, "algo.rollout_is=token")
+    assert all(torch.allclose(separate[n], one_pass[n], atol=1e-6) for n in separate)
+    corr = sorted(key for key in expected if key.startswith("rollout_corr/"))
+    assert corr == sorted(key for key in metrics if key.startswith("rollout_corr/")) and len(corr) == 5
+    assert [metrics[key] for key in corr] == pytest.approx([expected[key] for key in corr], abs=1e-5)
+    assert expected["rollout_corr/is_weight_mean"] < 0.9  # the odd rows' weights of e^-1 are in both
 
 
 def test_correction_keys_are_checked(policy_dir, tmp_path):
