@@ -575,8 +575,8 @@ class AsyncConfig:
         "rollout.num_groups of them (admission control). One environment, filter.level=prompt.",
     )
     rollout_ranks: list[int] = _f(
-        [], "Under torchrun or accelerate, the ranks that would generate: not supported yet, leave []; on one "
-        "machine the run starts its own rollout worker.",
+        [], "Under torchrun or accelerate (async.max_staleness > 0), the global ranks that generate; the others "
+        "train. Leave [] without a launcher: the run starts its own rollout worker on this machine.",
     )
 
     def __post_init__(self) -> None:
@@ -1033,15 +1033,18 @@ def validate(config: Config) -> None:
 
 
 def _validate_async(config: Config) -> None:
-    """What asynchronous training runs today (docs/scaling.md): one machine, one trainer process and its rollout
-    worker, on the HF backend and the environment loop; the filter ranks extra candidates at prompt level."""
+    """What asynchronous training runs today (docs/scaling.md): trainer and rollout processes on the HF backend
+    and the environment loop; the filter ranks extra candidates at prompt level. The ranks are checked against
+    the launcher's world when the run starts (ragen2.rl.async_rollout.launched_roles)."""
     c = config.async_
     if not c.enable:
         return
     if c.rollout_ranks:
-        raise ConfigError(f"async.rollout_ranks={c.rollout_ranks} is not supported yet: roles over several "
-                          "processes or nodes are not done (docs/scaling.md); leave it [] and `ragen2 train` "
-                          "starts its own rollout worker on this machine")
+        if c.max_staleness == 0:
+            raise ConfigError(f"async.rollout_ranks={c.rollout_ranks} needs async.max_staleness > 0: at 0 the run "
+                              "is the synchronous one, without rollout ranks; leave it [] or raise the staleness")
+        if min(c.rollout_ranks) < 0 or len(set(c.rollout_ranks)) < len(c.rollout_ranks):
+            raise ConfigError(f"async.rollout_ranks={c.rollout_ranks}: give distinct global ranks, 0 or more")
     if c.max_staleness > 0:
         for key, value, allowed in [("rollout.backend", config.rollout.backend, "hf"),
                                     ("agent.entrypoint", config.agent.entrypoint, None),

@@ -1,23 +1,31 @@
-"""Asynchronous training on one machine: a rollout worker process that plays the groups of the steps ahead
-while the trainer updates (docs/scaling.md, "Asynchronous training").
+"""Asynchronous training: rollout processes that play the groups of the steps ahead while the trainers update
+(docs/scaling.md, "Asynchronous training").
 
-Two roles in one torch.distributed world over gloo: the trainer (rank 0) and the worker (rank 1), each
-with its role group (inside it, ragen2.rl.distributed sees a world of one, so every phase runs as in a
-single process), plus two groups of both: one carries the weights, the other the finished groups.
+Two roles in one torch.distributed world. Inside its role group (ragen2.rl.distributed.role) a process sees
+a world of its role only, so every phase runs as it does data-parallel over that many processes. Two more
+groups join the roles, both over gloo (CPU tensors, whatever the roles' own backend):
 
-    worker   plays step s's candidate groups with `rollout_phase` (the seeds and sample streams of step s,
-             so a group is the same whoever plays it), stamps them with its weights' version, and sends
-             them to the trainer (`send_object`). Before step s it needs weights of
-             version >= s - 1 - async.max_staleness, and waits for them if it has none that new;
-             between rollout calls it takes the newest weights that have arrived.
-    trainer  takes step s's groups from its buffer (`take`), trains on them with the phases of
-             `training_step`, then broadcasts the trainable tensors as version s (`push`), without
-             waiting for the worker to receive them.
+    weights   the lead trainer and every rollout rank: the lead trainer's broadcasts of the trainable tensors
+    finished  the lead rollout rank and every trainer: its broadcasts of the finished groups
 
-The worker runs at most max_staleness + 1 steps ahead, so the buffer holds at most that many steps'
-candidates. A worker that dies or fails ends the trainer's wait for its groups with a RolloutWorkerError
-within a poll interval; a worker whose trainer died exits at its next wait. Groups in flight when
-either stops are lost: `--resume` regenerates them from the checkpoint's weights.
+    rollout   the rollout ranks play step s's candidate groups with `rollout_phase` (data-parallel over
+              them, so a group is the same whoever plays it) with the version of the weights their lead
+              chose, the newest that has arrived and at least s - 1 - async.max_staleness (they wait for it);
+              their lead stamps the groups with it and sends them to the trainers.
+    trainer   takes step s's groups from its buffer (`take`), trains on them with the phases of
+              `training_step`, then the lead broadcasts the trainable tensors as version s (`push`),
+              without waiting for the rollout ranks to receive them.
+
+The rollout ranks run at most max_staleness + 1 steps ahead, so the buffer holds at most that many steps'
+candidates. At the end (`finish`) the lead trainer broadcasts a stop instead of weights, and the trainers
+read what the rollout ranks still send up to their "done": every process leaves its collectives and exits.
+
+On one machine without a launcher the trainer starts its own rollout worker (`LocalWorker`: ranks 0 and 1
+of a world of two). A worker that dies or fails ends the trainer's wait for its groups with a
+RolloutWorkerError within a poll interval; a worker whose trainer died exits at its next wait. Under
+torchrun or accelerate the ranks take the roles `async.rollout_ranks` names, and the launcher stops every
+process when one fails. Groups in flight when a run stops are lost: `--resume` regenerates them from the
+checkpoint's weights.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ import signal
 import tempfile
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,24 +52,70 @@ from ragen2.models.loading import resolve_device
 from ragen2.rl import distributed
 from ragen2.rl.run import Run, load_trainable_policy
 
-TRAINER, WORKER = 0, 1  # global ranks on one machine
+TRAINER, WORKER = 0, 1  # global ranks of the world a run on one machine makes with its worker
 READY = "worker_ready"  # store key the worker sets before it joins the process group
 START_TIMEOUT_S = 600.0  # a worker that has not joined by then (importing, loading the model) never will
+STOP = -1  # the version tag of the lead trainer's last broadcast: no more weights will come
 
 
 @dataclass
-class _Groups:
-    """The process groups of the two roles, made in the same order in both processes."""
+class Roles:
+    """Which global ranks train and which generate, and the process groups between them."""
 
+    trainer_ranks: list[int]
+    rollout_ranks: list[int]
     trainers: dist.ProcessGroup
     rollouts: dist.ProcessGroup
-    weights: dist.ProcessGroup  # trainer and worker: the weight broadcasts
-    finished: dist.ProcessGroup  # trainer and worker: the finished groups
+    weights: dist.ProcessGroup  # the lead trainer and every rollout rank
+    finished: dist.ProcessGroup  # the lead rollout rank and every trainer
+
+    @property
+    def lead_trainer(self) -> int:
+        return self.trainer_ranks[0]
+
+    @property
+    def lead_rollout(self) -> int:
+        return self.rollout_ranks[0]
+
+    @property
+    def trains(self) -> bool:
+        return dist.get_rank() in self.trainer_ranks
 
 
-def _make_groups() -> _Groups:
-    return _Groups(dist.new_group([TRAINER]), dist.new_group([WORKER]), dist.new_group([TRAINER, WORKER]),
-                   dist.new_group([TRAINER, WORKER]))
+def make_roles(rollout_ranks: list[int]) -> Roles:
+    """The roles of the current world; a collective: every process makes the same groups in the same order."""
+    rollout_ranks = sorted(rollout_ranks)
+    trainer_ranks = [r for r in range(dist.get_world_size()) if r not in rollout_ranks]
+    return Roles(
+        trainer_ranks, rollout_ranks, dist.new_group(trainer_ranks), dist.new_group(rollout_ranks),
+        dist.new_group([trainer_ranks[0], *rollout_ranks], backend="gloo"),
+        dist.new_group([rollout_ranks[0], *trainer_ranks], backend="gloo"),
+    )
+
+
+def launched_roles(config: Config) -> Roles | None:
+    """Under torchrun or accelerate with async.max_staleness > 0: the roles `async.rollout_ranks` gives the
+    launcher's world (made on every process, which must have joined it). None otherwise: a run without a
+    launcher starts its own worker (`rollout_worker`)."""
+    ranks, size = config.async_.rollout_ranks, int(os.environ.get("WORLD_SIZE", "1"))
+    if size <= 1:
+        if ranks:
+            raise ConfigError(f"async.rollout_ranks={ranks} names ranks of a torchrun or accelerate world, and this "
+                              "run has no launcher: leave it [] and the run starts its own rollout worker")
+        return None
+    if not (config.async_.enable and config.async_.max_staleness > 0):
+        return None
+    if not ranks:
+        raise ConfigError(f"async.max_staleness={config.async_.max_staleness} under torchrun or accelerate (WORLD_SIZE="
+                          f"{size}) needs async.rollout_ranks, the ranks that generate (e.g. [{size - 1}]); the "
+                          "others train (docs/scaling.md)")
+    if max(ranks) >= size or len(ranks) >= size:
+        raise ConfigError(f"async.rollout_ranks={ranks} must name ranks below WORLD_SIZE={size} and leave at least "
+                          "one to train")
+    if candidates(config) % len(ranks):
+        raise ConfigError(f"the {candidates(config)} candidate groups a step plays (rollout.num_groups x "
+                          f"async.oversample) do not split over the {len(ranks)} async.rollout_ranks: use a multiple")
+    return make_roles(ranks)
 
 
 def candidates(config: Config) -> int:
@@ -75,105 +129,121 @@ def trainable(policy: torch.nn.Module) -> list[torch.nn.Parameter]:
 
 
 @contextlib.contextmanager
-def rollout_worker(run: Run) -> Iterator[None]:
-    """For the duration of a run: its rollout worker started (`run.rollouts`), this process in the trainer role."""
-    rollouts = AsyncRollouts(run)
+def rollout_worker(run: Run, roles: Roles | None = None) -> Iterator[None]:
+    """For the duration of a run: the trainer's end of the rollout ranks in `run.rollouts`, this process in the
+    trainer role. `roles`: the launcher's (`launched_roles`); without them the run starts its own worker."""
+    local = LocalWorker(run.config) if roles is None else None
+    clean = False
     try:
-        with distributed.role(rollouts.groups.trainers):
-            run.rollouts = rollouts
+        roles = local.roles if local is not None else roles
+        with distributed.role(roles.trainers):
+            run.rollouts = AsyncRollouts(run, roles, local.alive if local is not None else _launcher_watches)
             yield
+            run.rollouts.finish()
+        clean = True
     finally:
         run.rollouts = None
-        rollouts.close()
+        if local is not None:
+            local.close(clean)
 
 
 class AsyncRollouts:
-    """The trainer's end: the worker process, its buffer of finished groups, and the weights it is sent."""
+    """A trainer's end: its buffer of finished groups, and (the lead trainer) the weights it sends."""
 
-    def __init__(self, run: Run):
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            raise ConfigError("async.max_staleness > 0 runs on one machine with one trainer process for now; under "
-                              "torchrun or accelerate (WORLD_SIZE > 1) the roles (async.rollout_ranks) are not "
-                              "supported yet (docs/scaling.md): use async.max_staleness=0 there")
-        self.config = run.config
+    def __init__(self, run: Run, roles: Roles, alive: Callable[..., None]):
+        self.config, self.roles, self.alive = run.config, roles, alive
         self.k = run.config.async_.max_staleness
+        self.lead = dist.get_rank() == roles.lead_trainer
+        self.params = trainable(run.policy)
         self.buffer: dict[int, tuple[int, list[Trajectory], dict[str, float]]] = {}  # step -> version, groups, metrics
-        self.pushes: list[tuple[dist.Work, ...]] = []  # broadcasts the worker may not have received yet
+        self.pushes: list[dist.Work] = []  # broadcasts the rollout ranks may not have received yet
+        if self.lead:  # where they start: this run's directory and step, and its weights
+            self.pushes += distributed.send_object((run.run_dir, run.step), roles.lead_trainer, roles.weights)
+        self.push(run.step)
+
+    def take(self, step: int) -> tuple[list[Trajectory], dict[str, float]]:
+        """Step `step`'s candidate groups and their rollout metrics, waiting for the rollout ranks if they are not in."""
+        while step not in self.buffer:
+            message = self._receive()
+            if message[0] != "groups":
+                raise RolloutWorkerError(f"the rollout ranks ended before step {step}'s groups")
+            _, made_for, version, trajectories, metrics = message
+            self.buffer[made_for] = (version, trajectories, metrics)
+        version, trajectories, metrics = self.buffer.pop(step)
+        if step - 1 - version > self.k:  # the rollout ranks wait for weights to keep this from happening
+            raise RuntimeError(f"step {step} got groups of policy version {version}: staleness above "
+                               f"async.max_staleness={self.k}")
+        buffered = sum(len(t) for _, t, _ in self.buffer.values()) // self.config.rollout.group_size
+        return trajectories, metrics | {"async/buffered_groups": float(buffered)}
+
+    def push(self, version: int) -> None:
+        """The lead trainer broadcasts the trainable tensors as `version` (the steps whose updates made them),
+        without waiting; not after the last step, whose weights no rollout needs."""
+        if self.lead and version < self.config.trainer.total_steps:
+            self._broadcast(version)
+
+    def finish(self) -> None:
+        """Tell the rollout ranks to stop, read what they still send up to their "done", and wait until every
+        broadcast has arrived: then no process is left in a collective."""
+        if self.lead:
+            self._broadcast(STOP)
+        while self._receive()[0] != "done":
+            pass
+        for work in self.pushes:
+            distributed.wait(work, self.alive)
+
+    def _broadcast(self, version: int) -> None:
+        self.pushes = [work for work in self.pushes if not work.is_completed()]
+        flat = torch.cat([p.detach().reshape(-1) for p in self.params]).cpu()
+        tag = torch.tensor([version], dtype=torch.int64)
+        self.pushes += [dist.broadcast(t, self.roles.lead_trainer, group=self.roles.weights, async_op=True)
+                        for t in (tag, flat)]
+
+    def _receive(self) -> tuple:
+        """The lead rollout rank's next message; one that failed, or is gone, raises RolloutWorkerError."""
+        try:
+            message = distributed.recv_object(self.roles.lead_rollout, self.roles.finished, self.alive)
+        except RolloutWorkerError:
+            raise
+        except RuntimeError as e:  # gloo saw the connection close, maybe before the process is reaped
+            self.alive(wait_s=10)
+            raise RolloutWorkerError(f"the connection to the rollout worker broke ({e}), so the run stops; resume "
+                                     "it with `ragen2 train --resume` from its last checkpoint") from e
+        if message[0] == "error":
+            raise RolloutWorkerError(f"the rollout worker failed, so the run stops (resume it with `ragen2 train "
+                                     f"--resume` from its last checkpoint):\n{message[1]}")
+        return message
+
+
+class LocalWorker:
+    """The rollout worker process a run without a launcher starts, and the world of two it makes with it."""
+
+    def __init__(self, config: Config) -> None:
         self.store_dir = tempfile.TemporaryDirectory(prefix="ragen2-async-")
         store_path = str(Path(self.store_dir.name) / "store")
-        context = mp.get_context("spawn")
-        self.process = context.Process(
+        self.process = mp.get_context("spawn").Process(
             target=_worker_main, name="ragen2-rollout-worker", daemon=True,
-            args=(run.config, run.run_dir, store_path, run.step, torch.get_num_threads(), os.getpid()),
+            args=(config, store_path, torch.get_num_threads(), os.getpid()),
         )
         self.process.start()
         try:
             store = dist.FileStore(store_path, 2)
             deadline = time.monotonic() + START_TIMEOUT_S
             while not store.check([READY]):  # the worker may fail before it joins: never wait on it blindly
-                self._alive()
+                self.alive()
                 if time.monotonic() > deadline:
                     raise RolloutWorkerError(f"the rollout worker did not start within {START_TIMEOUT_S:.0f} s")
                 time.sleep(0.05)
             dist.init_process_group("gloo", store=store, rank=TRAINER, world_size=2, timeout=distributed.TIMEOUT)
-            self.groups = _make_groups()
-            self.push(run.policy, run.step)  # the weights it starts from: the trainer's, resumed or not
+            self.roles = make_roles([WORKER])
         except BaseException:
-            self.close()
+            self.close(clean=False)
             raise
 
-    def take(self, step: int) -> tuple[list[Trajectory], dict[str, float]]:
-        """Step `step`'s candidate groups and their rollout metrics, waiting for the worker if they are not in."""
-        while step not in self.buffer:
-            message = self._receive()
-            if message[0] == "error":
-                raise RolloutWorkerError(f"the rollout worker failed, so the run stops (resume it with `ragen2 "
-                                         f"train --resume` from its last checkpoint):\n{message[1]}")
-            _, made_for, version, trajectories, metrics = message
-            self.buffer[made_for] = (version, trajectories, metrics)
-        version, trajectories, metrics = self.buffer.pop(step)
-        if step - 1 - version > self.k:  # the worker waits for weights to keep this from happening
-            raise RuntimeError(f"step {step} got groups of policy version {version}: staleness above "
-                               f"async.max_staleness={self.k}")
-        buffered = sum(len(t) for _, t, _ in self.buffer.values()) // self.config.rollout.group_size
-        return trajectories, metrics | {"async/buffered_groups": float(buffered)}
-
-    def push(self, policy: torch.nn.Module, version: int) -> None:
-        """Broadcast the trainable tensors as `version` (the steps whose updates made them), without waiting;
-        not after the last step, whose weights no rollout needs."""
-        if version >= self.config.trainer.total_steps:
-            return
-        self.pushes = [works for works in self.pushes if not all(w.is_completed() for w in works)]
-        flat = torch.cat([p.detach().reshape(-1) for p in trainable(policy)]).cpu()
-        tag = torch.tensor([version], dtype=torch.int64)
-        self.pushes.append(tuple(dist.broadcast(t, TRAINER, group=self.groups.weights, async_op=True)
-                                 for t in (tag, flat)))
-
-    def close(self) -> None:
-        """Stop the worker (it may be waiting for weights that will not come) and leave the process group."""
-        if self.process.is_alive():
-            self.process.terminate()
-        self.process.join(timeout=30)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join()
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        self.store_dir.cleanup()
-
-    def _receive(self) -> tuple:
-        """The worker's next message; a worker that is gone, or whose connection broke, raises RolloutWorkerError."""
-        try:
-            return distributed.recv_object(WORKER, self.groups.finished, self._alive)
-        except RolloutWorkerError:
-            raise
-        except RuntimeError as e:  # gloo saw the connection close, maybe before the process is reaped
-            self.process.join(timeout=10)
-            self._alive()
-            raise RolloutWorkerError(f"the connection to the rollout worker broke ({e}), so the run stops; resume "
-                                     "it with `ragen2 train --resume` from its last checkpoint") from e
-
-    def _alive(self) -> None:
+    def alive(self, wait_s: float = 0.0) -> None:
+        """Raise RolloutWorkerError if the worker has exited (after up to `wait_s` for one that is exiting)."""
+        if wait_s:
+            self.process.join(timeout=wait_s)
         if not self.process.is_alive():
             raise RolloutWorkerError(
                 f"the rollout worker (pid {self.process.pid}) exited with code {self.process.exitcode} while the "
@@ -181,9 +251,23 @@ class AsyncRollouts:
                 "last checkpoint (the groups in flight are regenerated)"
             )
 
+    def close(self, clean: bool) -> None:
+        """After a clean finish the worker exits by itself; otherwise (or if it does not) it is stopped. Then
+        the process group is left."""
+        self.process.join(timeout=30 if clean else 0)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(timeout=30)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        self.store_dir.cleanup()
 
-def _worker_main(config: Config, run_dir: Path, store_path: str, start: int, threads: int, parent: int) -> None:
-    """The worker process: join the world as rank 1, then play steps start+1 .. trainer.total_steps.
+
+def _worker_main(config: Config, store_path: str, threads: int, parent: int) -> None:
+    """The worker process a run without a launcher starts: join the world as rank 1, then serve rollouts.
 
     Ctrl-C reaches the whole terminal's process group: the worker ignores it, and the trainer, which
     finishes its step and checkpoints first (`_Interrupts`), stops it."""
@@ -192,90 +276,118 @@ def _worker_main(config: Config, run_dir: Path, store_path: str, start: int, thr
     store = dist.FileStore(store_path, 2)
     store.set(READY, "1")
     dist.init_process_group("gloo", store=store, rank=WORKER, world_size=2, timeout=distributed.TIMEOUT)
-    groups = _make_groups()
+    roles = make_roles([WORKER])
+
+    def alive(wait_s: float = 0.0) -> None:  # a worker whose trainer died has nobody to send to: it exits
+        if os.getppid() != parent:
+            raise SystemExit(f"rollout worker: the trainer (pid {parent}) is gone")
+
     try:
-        with distributed.role(groups.rollouts):
-            _Worker(config, run_dir, groups, start, parent).run()
+        serve_rollouts(config, roles, alive)
     except Exception:  # the trainer raises it, with this traceback
         if os.getppid() == parent:
-            works = distributed.send_object(("error", traceback.format_exc()), WORKER, groups.finished)
-            for work in works:
-                distributed.wait(work, lambda: _check_parent(parent))
+            for work in distributed.send_object(("error", traceback.format_exc()), WORKER, roles.finished):
+                distributed.wait(work, alive)
         raise
 
 
-def _check_parent(parent: int) -> None:
-    """A worker whose trainer died has nobody to send to: it exits."""
-    if os.getppid() != parent:
-        raise SystemExit(f"rollout worker: the trainer (pid {parent}) is gone")
+def _launcher_watches(wait_s: float = 0.0) -> None:
+    """Under torchrun or accelerate nothing to check: the launcher stops every process when one fails."""
+
+
+def serve_rollouts(config: Config, roles: Roles, alive: Callable[..., None] = _launcher_watches) -> None:
+    """A rollout rank's whole run: play the steps the trainers will take until the lead trainer says stop.
+    `alive()` raises when the trainer is gone."""
+    with distributed.role(roles.rollouts):
+        _Worker(config, roles, alive).run()
 
 
 class _Worker:
-    """The worker's state: its copy of the policy (the trainable tensors replaced by each version it
+    """A rollout rank's state: its copy of the policy (the trainable tensors replaced by each version it
     receives), a Run holding what `rollout_phase` reads, and the broadcast of weights it is waiting on."""
 
-    def __init__(self, config: Config, run_dir: Path, groups: _Groups, start: int, parent: int):
+    def __init__(self, config: Config, roles: Roles, alive: Callable[..., None]):
         from ragen2.rl.trainer import rollout_phase  # the trainer imports this module
 
         self.rollout_phase = rollout_phase
-        self.config, self.groups, self.start, self.parent = config, groups, start, parent
+        self.config, self.roles, self.alive = config, roles, alive
+        self.lead = dist.get_rank() == roles.lead_rollout
         device = resolve_device(config.model.device)
         torch.manual_seed(config.trainer.seed)  # as the trainer's setup: LoRA adapters start alike (then replaced)
         policy, tokenizer = load_trainable_policy(config, device, None)
         self.params = trainable(policy)
         self.size = sum(p.numel() for p in self.params)
+        run_dir, self.start = distributed.recv_object(roles.lead_trainer, roles.weights, alive)
         # A Run holding only what rollouts read: config, policy, tokenizer; the backend is made at the first one.
         self.state = Run(config, run_dir, device, policy, tokenizer, optimizer=None,
                          tracker=distributed.SilentTracker(), diagnostics=None)
-        self.version = -1
+        self.version, self.stopped = -1, False
         self._post()
 
     def run(self) -> None:
         k, sends = self.config.async_.max_staleness, []
-        self.receive(block=True)  # the trainer's weights at the start
+        self._receive_until(self.start)  # the trainer's weights at the start
         for step in range(self.start + 1, self.config.trainer.total_steps + 1):
-            self._check_parent()
+            self.alive()
             start = time.perf_counter()
-            while self.version < step - 1 - k:
-                self.receive(block=True)
-            self.receive(block=False)  # whatever newer weights have arrived
+            if self._agree(step - 1 - k) == STOP:
+                break
             waited = time.perf_counter()
             trajectories, metrics = self.rollout_phase(self.state, step, candidates(self.config), self.version)
             metrics |= {"async/worker_wait_s": waited - start, "async/worker_rollout_s": time.perf_counter() - waited}
-            sends = [w for w in sends if not w.is_completed()]
-            sends += distributed.send_object(("groups", step, self.version, trajectories, metrics), WORKER,
-                                              self.groups.finished)
+            if self.lead:
+                sends = [w for w in sends if not w.is_completed()]
+                sends += self._send(("groups", step, self.version, trajectories, metrics))
+        if self.lead:
+            sends += self._send(("done",))
+        self._receive_until(STOP)
         for work in sends:
-            distributed.wait(work, self._check_parent)
+            distributed.wait(work, self.alive)
 
-    def receive(self, block: bool) -> None:
-        """Load the newest weights that have arrived; with `block`, wait for at least one version."""
-        while True:
-            if not all(w.is_completed() for w in self.incoming):
-                if not block:
-                    return
-                for work in self.incoming:
-                    distributed.wait(work, self._check_parent)
+    def _send(self, message: tuple) -> list[dist.Work]:
+        return distributed.send_object(message, self.roles.lead_rollout, self.roles.finished)
+
+    def _agree(self, oldest: int) -> int:
+        """The version every rollout rank plays the next step with: the lead's newest, at least `oldest`
+        (waiting for it), or STOP once the lead trainer has said so."""
+        if self.lead:
+            while not self.stopped and self.version < oldest:
+                self._next(block=True)
+            while not self.stopped and self._next(block=False):  # whatever newer weights have arrived
+                pass
+        chosen = distributed.broadcast_object(STOP if self.stopped else self.version)
+        self._receive_until(chosen)
+        return chosen
+
+    def _receive_until(self, version: int) -> None:
+        """Load broadcasts in order until `version` (STOP: until the stop)."""
+        while not self.stopped and (version == STOP or self.version < version):
+            self._next(block=True)
+
+    def _next(self, block: bool) -> bool:
+        """Load the next broadcast if it has arrived (with `block`, when it arrives); False if it has not."""
+        if not all(w.is_completed() for w in self.incoming):
+            if not block:
+                return False
             for work in self.incoming:
-                work.wait()
-            self._load()
-            self._post()
-            block = False
-
-    def _post(self) -> None:
-        """Start receiving the next broadcast of weights."""
-        self.tag = torch.zeros(1, dtype=torch.int64)
-        self.flat = torch.empty(self.size, dtype=self.params[0].dtype)
-        self.incoming = [dist.broadcast(t, TRAINER, group=self.groups.weights, async_op=True)
-                         for t in (self.tag, self.flat)]
-
-    def _load(self) -> None:
+                distributed.wait(work, self.alive)
+        for work in self.incoming:
+            work.wait()
+        if int(self.tag.item()) == STOP:
+            self.stopped = True
+            return True
         offset = 0
         with torch.no_grad():
             for p in self.params:
                 p.copy_(self.flat[offset: offset + p.numel()].view_as(p))
                 offset += p.numel()
         self.version = int(self.tag.item())
+        self._post()
+        return True
 
-    def _check_parent(self) -> None:
-        _check_parent(self.parent)
+    def _post(self) -> None:
+        """Start receiving the next broadcast of weights."""
+        self.tag = torch.zeros(1, dtype=torch.int64)
+        self.flat = torch.empty(self.size, dtype=self.params[0].dtype)
+        self.incoming = [dist.broadcast(t, self.roles.lead_trainer, group=self.roles.weights, async_op=True)
+                         for t in (self.tag, self.flat)]

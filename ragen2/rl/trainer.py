@@ -85,7 +85,7 @@ from ragen2.mixture import eval_envs, is_mixture, per_group, tagged_metrics, tra
 from ragen2.models.loading import resolve_device
 from ragen2.progress import Progress
 from ragen2.rl import distributed, fsdp
-from ragen2.rl.async_rollout import candidates, rollout_worker
+from ragen2.rl.async_rollout import candidates, launched_roles, rollout_worker, serve_rollouts
 from ragen2.rl.advantages import (
     bi_level_gae,
     broadcast_to_tokens,
@@ -161,7 +161,8 @@ def train(config: Config, resume_dir: Path | None = None) -> str:
     steps after the checkpoint are logged again (each step appears once in metrics.jsonl).
     Ctrl-C stops after writing a checkpoint of the last completed step, then re-raises
     KeyboardInterrupt. Under a multi-process launcher the processes train data-parallel
-    (ragen2.rl.distributed); rank 0 returns the table, the others an empty string.
+    (ragen2.rl.distributed); rank 0 returns the table, the others an empty string. Asynchronous
+    runs there give the ranks of `async.rollout_ranks` to generation (ragen2.rl.async_rollout).
     """
     if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true" and not config.model.fsdp:
         # `accelerate launch` with distributed_type: FSDP. Its other FSDP_* options are not read:
@@ -169,17 +170,22 @@ def train(config: Config, resume_dir: Path | None = None) -> str:
         config = dataclasses.replace(config, model=dataclasses.replace(config.model, fsdp=True))
         validate(config)
     with distributed.process_group(resolve_device(config.model.device).type):
-        run = setup(config, resume_dir)
-        try:
-            asynchronous = config.async_.enable and config.async_.max_staleness > 0
-            with rollout_worker(run) if asynchronous else contextlib.nullcontext():
-                _train_loop(run)
-            return summary_table(run) if distributed.is_main() else ""
-        finally:
-            if run.agent is not None:
-                run.agent.close()
-            if run.lock is not None:
-                run.lock.release()
+        roles = launched_roles(config)  # under a launcher, with async.rollout_ranks: who generates, who trains
+        if roles is not None and not roles.trains:
+            serve_rollouts(config, roles)
+            return ""
+        with distributed.role(roles.trainers) if roles is not None else contextlib.nullcontext():
+            run = setup(config, resume_dir)
+            try:
+                asynchronous = config.async_.enable and config.async_.max_staleness > 0
+                with rollout_worker(run, roles) if asynchronous else contextlib.nullcontext():
+                    _train_loop(run)
+                return summary_table(run) if distributed.is_main() else ""
+            finally:
+                if run.agent is not None:
+                    run.agent.close()
+                if run.lock is not None:
+                    run.lock.release()
 
 
 def _train_loop(run: Run) -> None:
@@ -423,7 +429,7 @@ def push_weights(run: Run, step: int) -> None:
     if isinstance(run.backend, VLLMBackend):
         run.backend.load_weights(run.policy)
     if run.rollouts is not None:
-        run.rollouts.push(run.policy, step)
+        run.rollouts.push(step)
 
 
 def diagnose_phase(

@@ -22,7 +22,7 @@ from ragen2.config import config_from_file, load_config
 from ragen2.errors import ConfigError, RolloutWorkerError
 from ragen2.filtering import group_scores
 from ragen2.rl import trainer
-from ragen2.rl.async_rollout import rollout_worker, trainable
+from ragen2.rl.async_rollout import LocalWorker, rollout_worker, trainable
 from ragen2.rl.batch import build_batch
 from ragen2.rl.checkpoint import latest_step
 from ragen2.tracking import read_metrics
@@ -90,8 +90,12 @@ def test_the_async_section_round_trips_and_refuses_what_does_not_run(policy_dir,
     assert tiny(policy_dir, tmp_path / "x", "async.enable=true", "algo.rollout_is=null").algo.rollout_is is None
     assert tiny(policy_dir, tmp_path / "x", "async.enable=true", "algo.rollout_is=sequence").algo.rollout_is == \
         "sequence"
-    with pytest.raises(ConfigError, match=r"async.rollout_ranks=\[0\] is not supported yet"):
-        tiny(policy_dir, tmp_path / "x", "async.enable=true", "async.rollout_ranks=[0]")
+    with pytest.raises(ConfigError, match=r"async.rollout_ranks=\[1\] needs async.max_staleness > 0"):
+        tiny(policy_dir, tmp_path / "x", "async.enable=true", "async.max_staleness=0", "async.rollout_ranks=[1]")
+    with pytest.raises(ConfigError, match=r"async.rollout_ranks=\[1, 1\]: give distinct global ranks"):
+        tiny(policy_dir, tmp_path / "x", "async.enable=true", "async.rollout_ranks=[1,1]")
+    with pytest.raises(ConfigError, match=r"async.rollout_ranks=\[1\] names ranks of a torchrun or accelerate world"):
+        trainer.train(tiny(policy_dir, tmp_path / "x", "async.enable=true", "async.rollout_ranks=[1]"))
     with pytest.raises(ConfigError, match="rollout.backend=vllm does not work with async.max_staleness=1"):
         tiny(policy_dir, tmp_path / "x", "async.enable=true", "rollout.backend=vllm")
     with pytest.raises(ConfigError, match="async.oversample=2.0 needs one environment and filter.level=prompt"):
@@ -103,10 +107,19 @@ def test_the_async_section_round_trips_and_refuses_what_does_not_run(policy_dir,
         tiny(policy_dir, tmp_path / "x", "async.enabel=true")
 
 
-def test_staleness_one_trains_on_groups_from_a_rollout_worker(policy_dir, tmp_path):
+def test_staleness_one_trains_on_groups_from_a_rollout_worker(policy_dir, tmp_path, monkeypatch):
     """A real worker process plays the groups; step 1's are the synchronous run's (same seeds and weights),
     later ones are one update old, the importance weights correct them, every MI check is also split by
-    staleness, and the worker is gone at the end."""
+    staleness, and the worker exits on its own (code 0) when the trainer says stop."""
+    exit_codes = []
+
+    def close(self, clean: bool) -> None:
+        self.process.join(timeout=30)
+        exit_codes.append(self.process.exitcode)
+        original_close(self, clean)
+
+    original_close = LocalWorker.close
+    monkeypatch.setattr(LocalWorker, "close", close)
     every_group = ("filter.strategy=none",)  # the random policy's groups all have zero variance
     trainer.train(tiny(policy_dir, tmp_path / "sync", *every_group, "trainer.total_steps=1"))
     trainer.train(tiny(policy_dir, tmp_path / "async", *every_group, "trainer.total_steps=4",
@@ -139,7 +152,7 @@ def test_staleness_one_trains_on_groups_from_a_rollout_worker(policy_dir, tmp_pa
             assert r[f"async/staleness_{max(found)}/collapse_{scheme}/cond_entropy"] > 0
     assert "| `async/staleness_K/collapse_<scheme>/<metric>` |" in METRICS_DOC.read_text()
     assert config_from_file(tmp_path / "async" / "config.yaml").algo.rollout_is == "token"
-    assert not multiprocessing.active_children()
+    assert exit_codes == [0] and not multiprocessing.active_children()
 
 
 def test_the_worker_samples_with_the_weights_it_was_sent(policy_dir, tmp_path):
@@ -152,7 +165,7 @@ def test_the_worker_samples_with_the_weights_it_was_sent(policy_dir, tmp_path):
         with torch.no_grad():
             for p in trainable(run.policy):
                 p.add_(0.5 * torch.randn_like(p))
-        run.rollouts.push(run.policy, 1)
+        run.rollouts.push(1)
         step3, _ = run.rollouts.take(3)  # needs version >= 1, and only version 1 exists
     assert {t.policy_version for t in step3} == {1}
     batch = build_batch(step3, run.tokenizer.pad_token_id)
@@ -193,6 +206,33 @@ def test_oversampled_candidates_are_admitted_by_the_filter(small_bandit_policy, 
         seen_kept = max(seen_kept, len(nonzero))
     assert seen_kept > 3  # some step had more useful candidates than it could keep
     run.tracker.close()
+
+
+@pytest.mark.slow
+def test_ranks_take_roles_under_torchrun(policy_dir, tmp_path):
+    """torchrun with 4 processes and async.rollout_ranks=[1, 3]: ranks 0 and 2 train data-parallel, 1 and 3
+    generate data-parallel. Step 1's groups are the 1-process synchronous run's (same seeds, weights of
+    version 0), later ones are at most one update old, and every process exits on its own."""
+    overrides = ("filter.strategy=none", "trainer.eval_every=0")
+    trainer.train(tiny(policy_dir, tmp_path / "sync", *overrides, "trainer.total_steps=1"))
+    run_dir = tmp_path / "roles"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", "-m", "ragen2",
+               "train", "bandit", f"model.path={policy_dir}", "model.device=cpu", f"trainer.run_dir={run_dir}",
+               "rollout.num_groups=2", "rollout.group_size=4", "rollout.max_tokens_per_turn=8",
+               "trainer.total_steps=4", "algo.mini_batch_size=4", "algo.micro_batch_size=2", "optim.lr=1e-3",
+               "filter.include_zero=true", "logging.progress=false", "logging.tensorboard=false", *overrides,
+               "async.enable=true", "async.max_staleness=1", "async.rollout_ranks=[1,3]"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    records, sync = read_metrics(run_dir), read_metrics(tmp_path / "sync")
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    rollout = [k for k in sync[0] if k.startswith("rollout/")]
+    assert rollout and {k: records[0][k] for k in rollout} == {k: sync[0][k] for k in rollout}
+    assert records[0]["async/staleness_max"] == 0 and all(r["async/staleness_max"] <= 1 for r in records)
+    assert sum(r["async/staleness_frac_1"] for r in records) > 0
+    assert all(r["train/grad_norm"] > 0 and r["async/candidate_groups"] == 2 for r in records)
+    assert latest_step(run_dir) == 4
 
 
 def _worker_of_this_process() -> multiprocessing.Process | None:
