@@ -154,9 +154,13 @@ def response_logits(model: torch.nn.Module, batch: Batch) -> tuple[Tensor, int]:
     out of the output layer (Hugging Face's `logits_to_keep`) and out of the full-vocabulary
     softmaxes after it saves most of that work. Callers pad per-token results back to T-1
     columns with `F.pad(x, (start, 0))`.
+
+    No attention mask goes to the model: padding is on the right and attention is causal, so no real
+    token attends to a pad and every real token's logits are the same without it. Without a mask the
+    attention kernels skip the blocks above the diagonal, half their work, which a padding mask stops.
     """
     covered = batch.mask.any(dim=0).nonzero()
     start = int(covered[0]) if len(covered) else 0
     keep = batch.input_ids.shape[1] - start
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, logits_to_keep=keep).logits
+    logits = model(input_ids=batch.input_ids, logits_to_keep=keep).logits
     return logits[:, :-1], start

@@ -32,11 +32,12 @@ def load_critic(path: str, device: torch.device, dtype: str, fresh_head: bool) -
     return critic.to(device)
 
 
-def critic_values(critic: PreTrainedModel, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+def critic_values(critic: PreTrainedModel, input_ids: Tensor) -> Tensor:
     """V at every position, shifted like the policy's logits: input_ids [B, T] -> values [B, T - 1] float32.
 
     values[:, t] is read after token t, i.e. the value of the state in which token t + 1 is
-    generated (verl's convention), so it lines up with `Batch.targets` and `Batch.mask`.
+    generated (verl's convention), so it lines up with `Batch.targets` and `Batch.mask`. Rows are
+    right-padded and attention is causal, so no mask is needed (ragen2.rl.batch.response_logits).
     """
-    out = critic(input_ids=input_ids, attention_mask=attention_mask).logits  # [B, T, 1]
+    out = critic(input_ids=input_ids).logits  # [B, T, 1]
     return out[:, :-1, 0].float()

@@ -115,13 +115,15 @@ def group_range(num_groups: int) -> range:
     return range(rank() * per_rank, (rank() + 1) * per_rank)
 
 
-def my_rows(n: int, size: int, device: torch.device | str = "cpu") -> list[torch.Tensor]:
-    """The rows of a shared n-row batch this rank computes, in micro-batches of at most `size`.
+def my_rows(lengths: torch.Tensor, size: int) -> list[torch.Tensor]:
+    """The rows of a shared batch this rank computes, in micro-batches of at most `size`; `lengths` [n]:
+    each row's token count.
 
-    Every world_size-th row from the rank's own index: interleaved rather than in blocks, so
-    each rank gets a similar mix of long and short sequences. A rank may get none ([]).
+    Rows go longest first and are dealt round-robin over the ranks, so each rank gets a similar mix of
+    long and short sequences, and each micro-batch holds rows of similar length: it is cut to its longest
+    row, and attention costs the square of that width. A rank may get none ([]).
     """
-    rows = torch.arange(n, device=device)[rank() :: world_size()]
+    rows = torch.argsort(lengths, descending=True, stable=True)[rank() :: world_size()]
     return list(rows.split(size)) if len(rows) else []
 
 

@@ -566,7 +566,7 @@ def advantage_phase(run: Run, kept: list[Trajectory]) -> Batch:
     if a.name == "ppo":
         with torch.no_grad():
             batch.old_values = _in_micro_batches(
-                lambda mb: critic_values(run.critic, mb.input_ids, mb.attention_mask), batch, a.micro_batch_size,
+                lambda mb: critic_values(run.critic, mb.input_ids), batch, a.micro_batch_size,
                 lockstep=run.trainee is not None,  # with FSDP the critic is sharded too
             )
         token_rewards, values = _token_rewards(run, kept, batch), batch.old_values
@@ -758,7 +758,7 @@ def policy_step(run: Run, mini: Batch, scale: float) -> dict[str, float]:
     tokens = counts["batch_tokens"].clamp_min(1)
     totals: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), device=run.device))
     run.optimizer.zero_grad(set_to_none=True)
-    micro_batches = distributed.my_rows(len(mini), a.micro_batch_size, run.device)
+    micro_batches = distributed.my_rows(mini.attention_mask.sum(dim=1), a.micro_batch_size)
     grad_scale = fsdp.gradient_scale() if run.trainee is not None else 1.0
     own_logp = torch.zeros_like(mini.mask) if mini.old_logp is None else None
     for rows in micro_batches:
@@ -813,16 +813,16 @@ def critic_step(run: Run, mini: Batch) -> dict[str, float]:
     sharded = run.trainee is not None
     grad_scale = fsdp.gradient_scale() if sharded else 1.0
     run.critic_optimizer.zero_grad(set_to_none=True)
-    micro_batches = distributed.my_rows(len(mini), a.micro_batch_size, run.device)
+    micro_batches = distributed.my_rows(mini.attention_mask.sum(dim=1), a.micro_batch_size)
     for rows in micro_batches:
         mb = mini.select(rows)
-        values = critic_values(run.critic, mb.input_ids, mb.attention_mask)  # [b, t-1]
+        values = critic_values(run.critic, mb.input_ids)  # [b, t-1]
         loss, _ = value_loss(values, mb.old_values, mb.value_targets, mb.mask, a.value_clip, "token-mean", **counts)
         (grad_scale * loss).backward()
         total += loss.detach()
     if sharded:
         _pad_to_lockstep(mini, a.micro_batch_size, len(micro_batches),
-                         lambda mb: critic_values(run.critic, mb.input_ids, mb.attention_mask), backward=True)
+                         lambda mb: critic_values(run.critic, mb.input_ids), backward=True)
     distributed.all_reduce_sum(total)
     if not sharded:
         distributed.all_reduce_grads(_trainable(run.critic_optimizer))
@@ -1021,7 +1021,7 @@ def _in_micro_batches(fn, batch: Batch, size: int, lockstep: bool = False) -> to
     each rank to the same number of calls, with results thrown away.
     """
     out = torch.zeros(batch.mask.shape, dtype=torch.float32, device=batch.mask.device)
-    micro_batches = distributed.my_rows(len(batch), size, batch.mask.device)
+    micro_batches = distributed.my_rows(batch.attention_mask.sum(dim=1), size)
     for rows in micro_batches:
         piece = fn(batch.select(rows))
         out[rows, : piece.shape[1]] = piece.float()
@@ -1052,8 +1052,8 @@ def _measured_scores(run: Run, trajectories: list[Trajectory], metric: str) -> n
     batch = build_batch([trajectories[i] for i in present], run.tokenizer.pad_token_id).to(run.device)
 
     def entropy(mb: Batch) -> torch.Tensor:
-        logits = run.policy(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1]
-        return entropy_from_logits(logits)
+        logits, start = response_logits(run.policy, mb)
+        return F.pad(entropy_from_logits(logits), (start, 0))
 
     with torch.no_grad():
         token_entropy = _in_micro_batches(entropy, batch, run.config.algo.micro_batch_size)  # [B, T-1]

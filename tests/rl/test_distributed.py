@@ -187,14 +187,15 @@ def test_accelerate_fsdp_launch_turns_model_fsdp_on(policy_dir, tmp_path, monkey
         trainer.train(tiny_config(policy_dir, tmp_path / "run"))
 
 
-def test_each_row_goes_to_one_rank_in_micro_batches(monkeypatch):
+def test_each_row_goes_to_one_rank_in_micro_batches_of_similar_length(monkeypatch):
     monkeypatch.setattr(distributed, "world_size", lambda: 2)
+    lengths = torch.tensor([5, 90, 7, 80, 6])  # longest first: rows 1, 3, 2, 4, 0
     parts = []
     for r in (0, 1):
         monkeypatch.setattr(distributed, "rank", lambda r=r: r)
-        parts.append([rows.tolist() for rows in distributed.my_rows(5, 2)])
-    assert parts == [[[0, 2], [4]], [[1, 3]]]
-    assert distributed.my_rows(1, 2) == []  # rank 1 of a 1-row mini-batch: nothing to compute
+        parts.append([rows.tolist() for rows in distributed.my_rows(lengths, 2)])
+    assert parts == [[[1, 2], [0]], [[3, 4]]]
+    assert distributed.my_rows(torch.tensor([3]), 2) == []  # rank 1 of a 1-row mini-batch: nothing to compute
 
 
 def record_kept_groups(patch=setattr) -> None:

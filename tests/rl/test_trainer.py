@@ -413,7 +413,9 @@ def test_response_logits_equal_the_full_forward_on_response_tokens(policy_dir, t
     logits, start = response_logits(run.policy, batch)
     assert start > 0 and batch.mask[:, :start].sum() == 0  # the columns left out hold no response token
     full = run.policy(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]
-    assert torch.allclose(logits, full[:, start:], atol=1e-5)
+    # Without a padding mask the real tokens' logits are the masked forward's; only the pads' differ.
+    real = batch.attention_mask[:, :-1].bool()[:, start:]
+    assert (~real).any() and torch.allclose(logits[real], full[:, start:][real], atol=1e-5)
     run.tracker.close()
 
 
