@@ -668,15 +668,19 @@ def update_phase(run: Run, batch: Batch, step: int, scale: float) -> dict[str, f
         raise ConfigError("algo.rollout_is / algo.rollout_rs need the behaviour log-probs of every sampled token, "
                           "and this rollout did not record them (a backend or agent loop without log-probs): set "
                           "both to null")
-    # The policy before this update, the denominator of the PPO ratio. With one epoch of one mini-batch
-    # nothing has changed when the loss is computed, so `policy_step` uses its own log-probs, detached,
-    # and this forward pass is saved; importance weights are then made there, micro-batch by micro-batch.
-    # Rejection (algo.rollout_rs) changes the mask, and with it the loss's token counts, before the loss:
-    # it needs the pass.
-    one_pass = a.ppo_epochs == 1 and len(batch) <= a.mini_batch_size and a.rollout_rs is None
+    # The policy before this update, the denominator of the PPO ratio. Until the first optimizer step
+    # nothing has changed, so the first mini-batch's own forward pass gives its rows' log-probs (detached,
+    # in `policy_step`, which makes their importance weights there too) and a pass before it gives only
+    # the other rows'; with one epoch of one mini-batch that pass is saved. Rejection (algo.rollout_rs)
+    # changes the mask, and with it the loss's token counts, before the loss: it needs every row's first.
+    order = torch.Generator().manual_seed(derived_seed(cfg.trainer.seed, step, "minibatch"))
+    epochs = [torch.randperm(len(batch), generator=order).to(run.device) for _ in range(a.ppo_epochs)]
+    own_first = batch.old_logp is None and a.rollout_rs is None
     with torch.no_grad():
-        if batch.old_logp is None and not one_pass:
-            batch.old_logp = _in_micro_batches(lambda mb: _logprobs(run.policy, mb), batch, a.micro_batch_size)
+        if batch.old_logp is None:
+            old_logp = _logprobs_of_rows(run.policy, batch, epochs[0][a.mini_batch_size:] if own_first else epochs[0],
+                                         a.micro_batch_size)
+            batch.old_logp = None if own_first else old_logp
         if a.kl_coef > 0 and batch.ref_logp is None:  # algo.kl_in_reward computed it already
             batch.ref_logp = _in_micro_batches(lambda mb: _logprobs(run.reference, mb), batch, a.micro_batch_size)
         correction = off_policy_correction(run, batch) if correcting and batch.old_logp is not None else {}
@@ -684,17 +688,17 @@ def update_phase(run: Run, batch: Batch, step: int, scale: float) -> dict[str, f
     _set_lr(run.optimizer, cfg.optim.lr * factor)
     if run.critic_optimizer is not None:
         _set_lr(run.critic_optimizer, a.critic_lr * factor)
-    order = torch.Generator().manual_seed(derived_seed(cfg.trainer.seed, step, "minibatch"))
     history: dict[str, list[float]] = defaultdict(list)
-    for _ in range(a.ppo_epochs):
-        for rows in torch.randperm(len(batch), generator=order).split(a.mini_batch_size):
-            mini = batch.select(rows.to(run.device))
+    for permutation in epochs:
+        for rows in permutation.split(a.mini_batch_size):
+            mini = batch.select(rows)
             stats = policy_step(run, mini, scale)
-            if correcting and batch.old_logp is None:  # one pass: the weights' metrics, from policy_step's log-probs
+            if batch.old_logp is None:  # the first mini-batch: its log-probs complete the old ones
                 with torch.no_grad():
-                    batch.old_logp = torch.zeros_like(batch.mask)
-                    batch.old_logp[rows.to(run.device), : mini.old_logp.shape[1]] = mini.old_logp
-                    correction = off_policy_correction(run, batch)
+                    old_logp[rows, : mini.old_logp.shape[1]] = mini.old_logp
+                    batch.old_logp = old_logp
+                    if correcting:
+                        correction = off_policy_correction(run, batch)
             if run.critic is not None:
                 critic_stats = critic_step(run, mini)
                 stats["value_loss"] = critic_stats["value_loss"]
@@ -747,9 +751,10 @@ def policy_step(run: Run, mini: Batch, scale: float) -> dict[str, float]:
     by the same normalisation gives the whole mini-batch's (with FSDP, the sharded model sums
     them itself, and ranks with fewer rows run passes that add nothing, to keep in lockstep).
     A non-finite loss or gradient norm skips the step: gradients are dropped and the weights
-    and optimizer state stay as they were. Without `mini.old_logp` (one pass, see `update_phase`) the
-    step's own log-probs, detached, are the policy before it: their importance weights (algo.rollout_is)
-    are made here, and they are left in `mini.old_logp`, on every process, for the weights' metrics.
+    and optimizer state stay as they were. Without `mini.old_logp` (an update's first mini-batch, see
+    `update_phase`) the step's own log-probs, detached, are the policy before it: their importance
+    weights (algo.rollout_is) are made here, and they are left in `mini.old_logp`, on every process,
+    for the later mini-batches and the weights' metrics.
     """
     a = run.config.algo
     model = run.trainee or run.policy
@@ -1011,6 +1016,15 @@ def lr_factor(step: int, warmup_steps: int, schedule: str, total_steps: int) -> 
 def _logprobs(model: torch.nn.Module, mb: Batch) -> torch.Tensor:
     logits, start = response_logits(model, mb)  # [b, t-1-start, V]
     return F.pad(token_logprobs(logits, mb.targets[:, start:]), (start, 0))  # [b, t-1]
+
+
+def _logprobs_of_rows(model: torch.nn.Module, batch: Batch, rows: torch.Tensor, size: int) -> torch.Tensor:
+    """`model`'s log-probs [B, T-1] of `batch`'s `rows`, zeros in the others (no forward pass for no rows)."""
+    out = torch.zeros_like(batch.mask)
+    if len(rows):
+        part = _in_micro_batches(lambda mb: _logprobs(model, mb), batch.select(rows), size)
+        out[rows, : part.shape[1]] = part
+    return out
 
 
 def _in_micro_batches(fn, batch: Batch, size: int, lockstep: bool = False) -> torch.Tensor:

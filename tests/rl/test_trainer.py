@@ -488,12 +488,14 @@ def test_on_policy_correction_changes_nothing_and_stale_rows_are_weighted_or_rej
     assert "rollout_corr/is_weight_mean" not in metrics
 
 
-def test_one_pass_weights_match_those_of_a_separate_old_logprob_pass(policy_dir, tmp_path):
-    """One epoch of one mini-batch makes the importance weights from the update's own forward pass: the
-    update and the `rollout_corr/` metrics are those of a run that computes the old log-probs first."""
-    separate, expected, _, _ = _corrected_update(policy_dir, tmp_path / "a", 1.0, "algo.rollout_is=token",
+@pytest.mark.parametrize("layout", [(), ("algo.mini_batch_size=6", "algo.ppo_epochs=2")])
+def test_first_mini_batch_log_probs_match_those_of_a_separate_pass(policy_dir, tmp_path, layout):
+    """The first mini-batch's own forward pass gives its rows' old log-probs and importance weights (all
+    rows with one epoch of one mini-batch): the update and the `rollout_corr/` metrics are those of a run
+    that computes every row's old log-probs first."""
+    separate, expected, _, _ = _corrected_update(policy_dir, tmp_path / "a", 1.0, "algo.rollout_is=token", *layout,
                                                  old_logp=True)
-    one_pass, metrics, _, _ = _corrected_update(policy_dir, tmp_path / "b", 1.0, "algo.rollout_is=token")
+    one_pass, metrics, _, _ = _corrected_update(policy_dir, tmp_path / "b", 1.0, "algo.rollout_is=token", *layout)
     assert all(torch.allclose(separate[n], one_pass[n], atol=1e-6) for n in separate)
     corr = sorted(key for key in expected if key.startswith("rollout_corr/"))
     assert corr == sorted(key for key in metrics if key.startswith("rollout_corr/")) and len(corr) == 5
