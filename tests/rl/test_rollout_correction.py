@@ -190,3 +190,51 @@ def test_weights_multiply_the_clipped_per_token_loss():
     # d/dlogp of -A r w / 2 = -A r w / 2
     torch.testing.assert_close(logp.grad, torch.tensor([[-1.25 * 0.5 / 2, 2.0 * 2.0 / 2]]))
     assert math.isfinite(loss.item())
+
+
+# ------------------------------------------------------------------ AReaL's decoupled PPO objective, restated
+# Fu et al. 2025, "AReaL" (arXiv 2505.24298), eq. 5; its actor loss with a proximal policy (github.com/inclusionAI/
+# AReaL, realhf/impl/model/utils/ppo_functional.py, actor_loss_fn): the clipped ratio is taken against the proximal
+# policy, and the behaviour weight pi_prox / pi_behav multiplies the loss, dropped to 0 above its cap; the mean is
+# over the original mask.
+
+
+def areal_decoupled_loss(logprobs, proximal_logprobs, old_logprobs, advantages, eps_clip, eps_clip_higher, c_clip,
+                         behav_imp_weight_cap, loss_mask):
+    loss_mask = loss_mask.bool()
+    ratio = torch.where(loss_mask, torch.exp(logprobs - proximal_logprobs), 0)
+    clipped_ratio = torch.clamp(ratio, 1.0 - eps_clip, 1.0 + eps_clip_higher)
+    pg_loss = torch.max(-advantages * ratio, -advantages * clipped_ratio)
+    pg_loss = torch.min(pg_loss, torch.sign(advantages) * c_clip * advantages)
+    behav_imp_weight = (proximal_logprobs - old_logprobs).exp()
+    behav_mask = loss_mask if behav_imp_weight_cap is None else (behav_imp_weight <= behav_imp_weight_cap) & loss_mask
+    pg_loss = pg_loss * torch.where(behav_mask, behav_imp_weight, 0.0)
+    return torch.where(loss_mask, pg_loss, 0).sum() / loss_mask.count_nonzero(), behav_mask
+
+
+@pytest.mark.parametrize("cap", [None, 2.0])
+def test_token_correction_is_areals_decoupled_objective(cap: float | None):
+    """pi_old (the policy before the update) is AReaL's proximal policy and the recorded log-probs its behaviour
+    policy: token-level weights untruncated give AReaL's loss and gradient exactly; AReaL's cap is rejection of the
+    tokens above it (algo.rollout_rs=token, lower bound 0), which also takes them out of the token mean's count,
+    where AReaL keeps them with weight 0: the two losses differ by the factor kept / valid tokens."""
+    gen = torch.Generator().manual_seed(7)
+    for _ in range(200):
+        case = random_case(gen)
+        prox, behav, mask = case["logp"], case["rollout_logp"], case["mask"]
+        advantages = torch.randn(prox.shape, generator=gen, dtype=torch.float64)
+        start = prox + torch.randn(prox.shape, generator=gen, dtype=torch.float64) * 0.3
+        ours_logp, theirs_logp = start.clone().requires_grad_(), start.clone().requires_grad_()
+        weights, kept = rollout_correction(prox, behav, mask, rollout_is="token", rollout_is_threshold=cap or math.inf,
+                                           rollout_rs=None if cap is None else "token", rollout_rs_threshold=cap,
+                                           rollout_rs_threshold_lower=0.0)
+        if not kept.any():
+            continue
+        ours, _ = policy_loss(ours_logp, prox, advantages, kept, 0.2, 0.28, "token-mean", 3.0, weights=weights)
+        theirs, behav_mask = areal_decoupled_loss(theirs_logp, prox, behav, advantages, 0.2, 0.28, 3.0, cap, mask)
+        torch.testing.assert_close(kept.bool(), behav_mask)
+        factor = kept.sum() / mask.sum()
+        torch.testing.assert_close(ours * factor, theirs)
+        (ours * factor).backward()
+        theirs.backward()
+        torch.testing.assert_close(ours_logp.grad, theirs_logp.grad)
