@@ -562,8 +562,8 @@ class AsyncConfig:
     """Asynchronous training (docs/scaling.md): a rollout worker generates while the trainer updates."""
 
     enable: bool = _f(
-        False, "Train asynchronously: above async.max_staleness=0, `ragen2 train` starts a rollout worker process that "
-        "keeps producing groups while the trainer updates; logs async/ metrics.",
+        False, "Train asynchronously: above async.max_staleness=0, `ragen2 train` starts rollout worker processes "
+        "(async.local_workers) that keep producing groups while the trainer updates; logs async/ metrics.",
     )
     max_staleness: int = _f(
         1, "Largest number of updates between a sample's generation and its training; 0 is the synchronous run "
@@ -578,12 +578,18 @@ class AsyncConfig:
         [], "Under torchrun or accelerate (async.max_staleness > 0), the global ranks that generate; the others "
         "train. Leave [] without a launcher: the run starts its own rollout worker on this machine.",
     )
+    local_workers: int = _f(
+        1, "Without a launcher (async.max_staleness > 0): the rollout worker processes the run starts on this "
+        "machine; each plays an equal share of a step's candidate groups (give each its cores: OMP_NUM_THREADS).",
+    )
 
     def __post_init__(self) -> None:
         if self.max_staleness < 0:
             raise ConfigError(f"async.max_staleness={self.max_staleness} is not allowed: use 0 (synchronous) or more")
         if self.oversample < 1:
             raise ConfigError(f"async.oversample={self.oversample} is not allowed: use a number >= 1")
+        if self.local_workers < 1:
+            raise ConfigError(f"async.local_workers={self.local_workers} is not allowed: use 1 or more")
 
 
 @dataclass
@@ -1045,6 +1051,9 @@ def _validate_async(config: Config) -> None:
                               "is the synchronous one, without rollout ranks; leave it [] or raise the staleness")
         if min(c.rollout_ranks) < 0 or len(set(c.rollout_ranks)) < len(c.rollout_ranks):
             raise ConfigError(f"async.rollout_ranks={c.rollout_ranks}: give distinct global ranks, 0 or more")
+        if c.local_workers != 1:
+            raise ConfigError(f"async.local_workers={c.local_workers} is for a run without a launcher; under one, "
+                              f"async.rollout_ranks={c.rollout_ranks} names the ranks that generate: leave it at 1")
     if c.max_staleness > 0:
         for key, value, allowed in [("rollout.backend", config.rollout.backend, "hf"),
                                     ("agent.entrypoint", config.agent.entrypoint, None),

@@ -20,9 +20,9 @@ The rollout ranks run at most max_staleness + 1 steps ahead, so the buffer holds
 candidates. At the end (`finish`) the lead trainer broadcasts a stop instead of weights, and the trainers
 read what the rollout ranks still send up to their "done": every process leaves its collectives and exits.
 
-On one machine without a launcher the trainer starts its own rollout worker (`LocalWorker`: ranks 0 and 1
-of a world of two). A worker that dies or fails ends the trainer's wait for its groups with a
-RolloutWorkerError within a poll interval; a worker whose trainer died exits at its next wait. Under
+On one machine without a launcher the trainer starts its own rollout workers (`LocalWorker`: the trainer is
+rank 0, the async.local_workers workers ranks 1 to n). A worker that dies or fails ends the trainer's wait for
+its groups with a RolloutWorkerError within a poll interval; a worker whose trainer died exits at its next wait. Under
 torchrun or accelerate the ranks take the roles `async.rollout_ranks` names, and the launcher stops every
 process when one fails. Groups in flight when a run stops are lost: `--resume` regenerates them from the
 checkpoint's weights.
@@ -52,8 +52,8 @@ from ragen2.models.loading import resolve_device
 from ragen2.rl import distributed
 from ragen2.rl.run import Run, load_trainable_policy
 
-TRAINER, WORKER = 0, 1  # global ranks of the world a run on one machine makes with its worker
-READY = "worker_ready"  # store key the worker sets before it joins the process group
+TRAINER = 0  # global rank of the trainer in the world a run on one machine makes with its workers
+READY = "worker_ready_"  # store key (+ rank) a worker sets before it joins the process group
 START_TIMEOUT_S = 600.0  # a worker that has not joined by then (importing, loading the model) never will
 STOP = -1  # the version tag of the lead trainer's last broadcast: no more weights will come
 
@@ -112,15 +112,20 @@ def launched_roles(config: Config) -> Roles | None:
     if max(ranks) >= size or len(ranks) >= size:
         raise ConfigError(f"async.rollout_ranks={ranks} must name ranks below WORLD_SIZE={size} and leave at least "
                           "one to train")
-    if candidates(config) % len(ranks):
-        raise ConfigError(f"the {candidates(config)} candidate groups a step plays (rollout.num_groups x "
-                          f"async.oversample) do not split over the {len(ranks)} async.rollout_ranks: use a multiple")
+    check_split(config, len(ranks), "async.rollout_ranks")
     return make_roles(ranks)
 
 
 def candidates(config: Config) -> int:
     """Groups played per step for the filter to rank: async.oversample x rollout.num_groups."""
     return math.ceil(config.async_.oversample * config.rollout.num_groups - 1e-9)
+
+
+def check_split(config: Config, players: int, key: str) -> None:
+    """The step's candidate groups split evenly over the processes that play them (`key` names their count)."""
+    if candidates(config) % players:
+        raise ConfigError(f"the {candidates(config)} candidate groups a step plays (rollout.num_groups x "
+                          f"async.oversample) do not split over the {players} {key}: use a multiple")
 
 
 def trainable(policy: torch.nn.Module) -> list[torch.nn.Parameter]:
@@ -216,67 +221,82 @@ class AsyncRollouts:
 
 
 class LocalWorker:
-    """The rollout worker process a run without a launcher starts, and the world of two it makes with it."""
+    """The rollout worker processes a run without a launcher starts (async.local_workers), and the world it
+    makes with them: the trainer rank 0, the workers ranks 1 to n, generating data-parallel."""
 
     def __init__(self, config: Config) -> None:
+        n = config.async_.local_workers
+        check_split(config, n, "async.local_workers")
         self.store_dir = tempfile.TemporaryDirectory(prefix="ragen2-async-")
         store_path = str(Path(self.store_dir.name) / "store")
-        self.process = mp.get_context("spawn").Process(
-            target=_worker_main, name="ragen2-rollout-worker", daemon=True,
-            args=(config, store_path, torch.get_num_threads(), os.getpid()),
-        )
-        self.process.start()
+        spawn = mp.get_context("spawn")
+        self.processes = [
+            spawn.Process(target=_worker_main, name=f"ragen2-rollout-worker-{rank}", daemon=True,
+                          args=(config, store_path, rank, n + 1, torch.get_num_threads(), os.getpid()))
+            for rank in range(1, n + 1)
+        ]
+        for process in self.processes:
+            process.start()
         try:
-            store = dist.FileStore(store_path, 2)
+            store = dist.FileStore(store_path, n + 1)
             deadline = time.monotonic() + START_TIMEOUT_S
-            while not store.check([READY]):  # the worker may fail before it joins: never wait on it blindly
+            # A worker may fail before it joins: never wait on them blindly.
+            while not store.check([f"{READY}{rank}" for rank in range(1, n + 1)]):
                 self.alive()
                 if time.monotonic() > deadline:
-                    raise RolloutWorkerError(f"the rollout worker did not start within {START_TIMEOUT_S:.0f} s")
+                    raise RolloutWorkerError(f"the rollout workers did not start within {START_TIMEOUT_S:.0f} s")
                 time.sleep(0.05)
-            dist.init_process_group("gloo", store=store, rank=TRAINER, world_size=2, timeout=distributed.TIMEOUT)
-            self.roles = make_roles([WORKER])
+            dist.init_process_group("gloo", store=store, rank=TRAINER, world_size=n + 1, timeout=distributed.TIMEOUT)
+            self.roles = make_roles(list(range(1, n + 1)))
         except BaseException:
             self.close(clean=False)
             raise
 
     def alive(self, wait_s: float = 0.0) -> None:
-        """Raise RolloutWorkerError if the worker has exited (after up to `wait_s` for one that is exiting)."""
-        if wait_s:
-            self.process.join(timeout=wait_s)
-        if not self.process.is_alive():
-            raise RolloutWorkerError(
-                f"the rollout worker (pid {self.process.pid}) exited with code {self.process.exitcode} while the "
-                "trainer waited for its groups, so the run stops; resume it with `ragen2 train --resume` from its "
-                "last checkpoint (the groups in flight are regenerated)"
-            )
+        """Raise RolloutWorkerError if a worker has exited (after up to `wait_s` for one that is exiting)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            for process in self.processes:
+                if not process.is_alive():
+                    process.join()
+                    raise RolloutWorkerError(
+                        f"the rollout worker (pid {process.pid}) exited with code {process.exitcode} while the "
+                        "trainer waited for its groups, so the run stops; resume it with `ragen2 train --resume` "
+                        "from its last checkpoint (the groups in flight are regenerated)"
+                    )
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.01)
 
     def close(self, clean: bool) -> None:
-        """After a clean finish the worker exits by itself; otherwise (or if it does not) it is stopped. Then
-        the process group is left."""
-        self.process.join(timeout=30 if clean else 0)
-        if self.process.is_alive():
-            self.process.terminate()
-            self.process.join(timeout=30)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join()
+        """After a clean finish the workers exit by themselves; otherwise (or if they do not) they are stopped.
+        Then the process group is left."""
+        deadline = time.monotonic() + (30 if clean else 0)
+        for process in self.processes:
+            process.join(timeout=max(0.0, deadline - time.monotonic()))
+        for process in self.processes:
+            if process.is_alive():
+                process.terminate()
+                process.join(timeout=30)
+            if process.is_alive():
+                process.kill()
+                process.join()
         if dist.is_initialized():
             dist.destroy_process_group()
         self.store_dir.cleanup()
 
 
-def _worker_main(config: Config, store_path: str, threads: int, parent: int) -> None:
-    """The worker process a run without a launcher starts: join the world as rank 1, then serve rollouts.
+def _worker_main(config: Config, store_path: str, rank: int, world: int, threads: int, parent: int) -> None:
+    """A worker process a run without a launcher starts: join the world as `rank`, then serve rollouts.
 
     Ctrl-C reaches the whole terminal's process group: the worker ignores it, and the trainer, which
     finishes its step and checkpoints first (`_Interrupts`), stops it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(threads)
-    store = dist.FileStore(store_path, 2)
-    store.set(READY, "1")
-    dist.init_process_group("gloo", store=store, rank=WORKER, world_size=2, timeout=distributed.TIMEOUT)
-    roles = make_roles([WORKER])
+    store = dist.FileStore(store_path, world)
+    store.set(f"{READY}{rank}", "1")
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=distributed.TIMEOUT)
+    roles = make_roles(list(range(1, world)))
 
     def alive(wait_s: float = 0.0) -> None:  # a worker whose trainer died has nobody to send to: it exits
         if os.getppid() != parent:
@@ -284,9 +304,9 @@ def _worker_main(config: Config, store_path: str, threads: int, parent: int) -> 
 
     try:
         serve_rollouts(config, roles, alive)
-    except Exception:  # the trainer raises it, with this traceback
-        if os.getppid() == parent:
-            for work in distributed.send_object(("error", traceback.format_exc()), WORKER, roles.finished):
+    except Exception:  # the trainer raises it, with this traceback (the lead's: the others' exits end the run)
+        if os.getppid() == parent and rank == roles.lead_rollout:
+            for work in distributed.send_object(("error", traceback.format_exc()), rank, roles.finished):
                 distributed.wait(work, alive)
         raise
 

@@ -114,8 +114,9 @@ def test_staleness_one_trains_on_groups_from_a_rollout_worker(policy_dir, tmp_pa
     exit_codes = []
 
     def close(self, clean: bool) -> None:
-        self.process.join(timeout=30)
-        exit_codes.append(self.process.exitcode)
+        for process in self.processes:
+            process.join(timeout=30)
+            exit_codes.append(process.exitcode)
         original_close(self, clean)
 
     original_close = LocalWorker.close
@@ -153,6 +154,36 @@ def test_staleness_one_trains_on_groups_from_a_rollout_worker(policy_dir, tmp_pa
     assert "| `async/staleness_K/collapse_<scheme>/<metric>` |" in METRICS_DOC.read_text()
     assert config_from_file(tmp_path / "async" / "config.yaml").algo.rollout_is == "token"
     assert exit_codes == [0] and not multiprocessing.active_children()
+
+
+def test_local_workers_share_the_step_between_them(policy_dir, tmp_path, monkeypatch):
+    """async.local_workers=2: two worker processes play a step's groups data-parallel, so step 1's are the
+    synchronous run's; later ones are at most one update old, and both workers exit on their own."""
+    exit_codes = []
+
+    def close(self, clean: bool) -> None:
+        exit_codes.extend(process.join(timeout=30) or process.exitcode for process in self.processes)
+        original_close(self, clean)
+
+    original_close = LocalWorker.close
+    monkeypatch.setattr(LocalWorker, "close", close)
+    overrides = ("filter.strategy=none", "trainer.eval_every=0")
+    trainer.train(tiny(policy_dir, tmp_path / "sync", *overrides, "trainer.total_steps=1"))
+    trainer.train(tiny(policy_dir, tmp_path / "async", *overrides, "async.enable=true", "async.local_workers=2"))
+    sync, records = read_metrics(tmp_path / "sync"), read_metrics(tmp_path / "async")
+    assert [r["step"] for r in records] == [1, 2, 3]
+    rollout = [k for k in sync[0] if k.startswith("rollout/")]
+    assert rollout and {k: records[0][k] for k in rollout} == {k: sync[0][k] for k in rollout}
+    assert records[0]["async/staleness_max"] == 0 and all(r["async/staleness_max"] <= 1 for r in records)
+    assert all(r["async/candidate_groups"] == 2 and r["train/grad_norm"] > 0 for r in records)
+    assert exit_codes == [0, 0] and not multiprocessing.active_children()
+    with pytest.raises(ConfigError, match="the 2 candidate groups a step plays .* do not split over the 3 "
+                                          "async.local_workers"):
+        trainer.train(tiny(policy_dir, tmp_path / "x", "async.enable=true", "async.local_workers=3"))
+    with pytest.raises(ConfigError, match="async.local_workers=0 is not allowed"):
+        tiny(policy_dir, tmp_path / "x", "async.enable=true", "async.local_workers=0")
+    with pytest.raises(ConfigError, match=r"async.local_workers=2 is for a run without a launcher"):
+        tiny(policy_dir, tmp_path / "x", "async.enable=true", "async.local_workers=2", "async.rollout_ranks=[1]")
 
 
 def test_the_worker_samples_with_the_weights_it_was_sent(policy_dir, tmp_path):
@@ -235,18 +266,20 @@ def test_ranks_take_roles_under_torchrun(policy_dir, tmp_path):
     assert latest_step(run_dir) == 4
 
 
-def _worker_of_this_process() -> multiprocessing.Process | None:
-    return next((p for p in multiprocessing.active_children() if p.name == "ragen2-rollout-worker"), None)
+def _worker_of_this_process(rank: int) -> multiprocessing.Process | None:
+    return next((p for p in multiprocessing.active_children() if p.name == f"ragen2-rollout-worker-{rank}"), None)
 
 
-def test_a_killed_worker_stops_the_run_with_a_clear_message(policy_dir, tmp_path):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_killed_worker_stops_the_run_with_a_clear_message(policy_dir, tmp_path, workers: int):
+    """The only worker, or one of two that is not the one sending the groups."""
     run_dir = tmp_path / "run"
     killed_at: list[float] = []
 
     def kill_the_worker_after_step_1() -> None:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            worker = _worker_of_this_process()
+            worker = _worker_of_this_process(rank=workers)
             if worker is not None and max(_logged_steps(run_dir), default=0) >= 1:
                 os.kill(worker.pid, signal.SIGKILL)
                 killed_at.append(time.monotonic())
@@ -256,7 +289,8 @@ def test_a_killed_worker_stops_the_run_with_a_clear_message(policy_dir, tmp_path
     threading.Thread(target=kill_the_worker_after_step_1, daemon=True).start()
     with pytest.raises(RolloutWorkerError, match=r"rollout worker \(pid \d+\) exited with code -9 .* --resume"):
         trainer.train(tiny(policy_dir, run_dir, "filter.strategy=none", "trainer.total_steps=200",
-                           "trainer.eval_every=0", "async.enable=true", "async.max_staleness=1"))
+                           "trainer.eval_every=0", "async.enable=true", "async.max_staleness=1",
+                           f"async.local_workers={workers}"))
     assert killed_at and time.monotonic() - killed_at[0] < 30
     assert 1 <= max(_logged_steps(run_dir)) < 200 and not multiprocessing.active_children()
 
