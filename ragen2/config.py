@@ -578,6 +578,11 @@ class AsyncConfig:
         [], "Under torchrun or accelerate (async.max_staleness > 0), the global ranks that generate; the others "
         "train. Leave [] without a launcher: the run starts its own rollout worker on this machine.",
     )
+    partial_rollouts: bool = _f(
+        False, "Above async.max_staleness=0: a rollout worker loads newer weights as soon as they arrive, between "
+        "turns, so an episode that spans an update continues with them; each turn records its version and the "
+        "episode counts as its first turn's. Off: a step's episodes use one version throughout.",
+    )
     local_workers: int = _f(
         1, "Without a launcher (async.max_staleness > 0): the rollout worker processes the run starts on this "
         "machine; each plays an equal share of a step's candidate groups (give each its cores: OMP_NUM_THREADS).",
@@ -1054,6 +1059,9 @@ def _validate_async(config: Config) -> None:
         if c.local_workers != 1:
             raise ConfigError(f"async.local_workers={c.local_workers} is for a run without a launcher; under one, "
                               f"async.rollout_ranks={c.rollout_ranks} names the ranks that generate: leave it at 1")
+    if c.partial_rollouts and c.max_staleness == 0:
+        raise ConfigError("async.partial_rollouts=true needs async.max_staleness > 0: at 0 the run is the "
+                          "synchronous one, whose episodes never span an update")
     if c.max_staleness > 0:
         for key, value, allowed in [("rollout.backend", config.rollout.backend, "hf"),
                                     ("agent.entrypoint", config.agent.entrypoint, None),

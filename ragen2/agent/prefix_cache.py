@@ -45,6 +45,11 @@ class PrefixStore:
         self._lens = np.zeros(0, dtype=np.int64)
         self._continued: set[int] = set()  # id() of the entries a prompt of the current call holds whole
 
+    def clear(self) -> None:
+        """Forget every entry: the weights that computed them have been replaced (a partial rollout)."""
+        self.entries, self._continued = [], set()
+        self._ids, self._lens = np.zeros((0, 0), dtype=np.int64), np.zeros(0, dtype=np.int64)
+
     def mark_continued(self, entry: CachedPrefix) -> None:
         """A prompt of the current call holds all of `entry`: its row's next entry will hold it too."""
         self._continued.add(id(entry))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from transformers import PreTrainedTokenizerBase
@@ -77,6 +78,7 @@ def rollout(
     stats: RolloutStats | None = None,
     sample_seeds: list[int] | None = None,
     episode_envs: list[TaggedEnv] | None = None,
+    newest_weights: Callable[[], int] | None = None,
 ) -> list[Trajectory]:
     """Play one episode per seed with `ragen2.envs.make(env_name, **env_kwargs)`, returned in the order of `seeds`.
 
@@ -91,6 +93,10 @@ def rollout(
     `sample_seeds` (one per episode) gives each episode its own sampling stream, turn by
     turn (`turn_seed`), so an episode samples the same tokens whichever other episodes share
     the call; without it the backend draws from torch's global RNG.
+
+    `newest_weights` (partial rollouts) is called before every turn: it may replace the backend's weights
+    with newer ones, and returns their version, which the turn records (`Turn.policy_version`). When it
+    changes, the keys/values cached from the older weights are dropped.
     """
     if len(seeds) != len(group_ids):
         raise ValueError(f"{len(seeds)} seeds but {len(group_ids)} group ids: pass one group id per seed")
@@ -104,11 +110,16 @@ def rollout(
     episodes = [
         _start_episode(spec, seed, gid, tokenizer, cfg, stats) for spec, seed, gid in zip(specs, seeds, group_ids)
     ]
-    with reuse_prefixes(backend):  # an episode's next turn starts from the keys/values of its last one
+    version = None
+    with reuse_prefixes(backend) as prefixes:  # an episode's next turn starts from the keys/values of its last one
         for turn in range(cfg.max_turns):
             active = [i for i, e in enumerate(episodes) if not e.done]
             if not active:
                 break
+            if newest_weights is not None:
+                previous, version = version, newest_weights()
+                if prefixes is not None and previous is not None and version != previous:
+                    prefixes.clear()
             active_episodes = [episodes[i] for i in active]
             for e in active_episodes:
                 e.conv.add_observation(e.observation, e.actions_left, e.tool_results)
@@ -126,6 +137,8 @@ def rollout(
             for e, prompt, out in zip(active_episodes, prompts, outputs):
                 e.conv.add_response(out.token_ids, out.text)
                 _play_turn(e, prompt, out, tokenizer, cfg, stats)
+                if version is not None:
+                    e.traj.turns[-1].policy_version = version
                 if not e.done and turn == cfg.max_turns - 1:
                     e.done = e.traj.truncated = True
     for e in episodes:

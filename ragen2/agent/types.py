@@ -33,6 +33,9 @@ class Turn:
     # Behaviour log-probs of response_ids under the sampling distribution, when the backend gives them: what
     # off-policy correction compares the trained policy with (ragen2.rl.losses.rollout_correction).
     logprobs: list[float] | None = None
+    # The weights' version that generated it (ragen2.rl.trainer.rollout_phase): with partial rollouts
+    # (async.partial_rollouts) later turns of an episode may come from newer weights than its first.
+    policy_version: int = 0
 
 
 @dataclass
@@ -53,7 +56,8 @@ class Trajectory:
     error: str | None = None  # set when the env raised; the episode ended there
     # filter.level=anchor: which turns the update trains on (set on the filter's copies); None trains every turn
     trained_turns: list[bool] | None = None
-    # Updates the policy had taken when it sampled this episode (the run's step count then): with
-    # asynchronous training the update at step s trains on it with staleness s - 1 - policy_version.
+    # Updates the policy had taken when it sampled this episode (the run's step count then; with partial
+    # rollouts, when it sampled its first turn, the oldest): with asynchronous training the update at step s
+    # trains on it with staleness s - 1 - policy_version.
     policy_version: int = 0
     tag: str = ""  # the mixture entry it was played for (ragen2.mixture); the env name outside a mixture

@@ -353,7 +353,8 @@ class _Worker:
             if self._agree(step - 1 - k) == STOP:
                 break
             waited = time.perf_counter()
-            trajectories, metrics = self.rollout_phase(self.state, step, candidates(self.config), self.version)
+            newest = self._newest if self.config.async_.partial_rollouts else None
+            trajectories, metrics = self.rollout_phase(self.state, step, candidates(self.config), self.version, newest)
             metrics |= {"async/worker_wait_s": waited - start, "async/worker_rollout_s": time.perf_counter() - waited}
             if self.lead:
                 sends = [w for w in sends if not w.is_completed()]
@@ -378,6 +379,12 @@ class _Worker:
         chosen = distributed.broadcast_object(STOP if self.stopped else self.version)
         self._receive_until(chosen)
         return chosen
+
+    def _newest(self) -> int:
+        """Partial rollouts, before every turn: load the weights that have arrived (without waiting for any)."""
+        while not self.stopped and self._next(block=False):
+            pass
+        return self.version
 
     def _receive_until(self, version: int) -> None:
         """Load broadcasts in order until `version` (STOP: until the stop)."""

@@ -51,7 +51,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -323,7 +323,8 @@ def train_on_kept(
 
 
 def rollout_phase(
-    run: Run, step: int, num_groups: int | None = None, version: int | None = None
+    run: Run, step: int, num_groups: int | None = None, version: int | None = None,
+    newest_weights: Callable[[], int] | None = None,
 ) -> tuple[list[Trajectory], dict[str, float]]:
     """P x G episodes on training seeds; group g is G episodes of one environment seed.
 
@@ -331,7 +332,9 @@ def rollout_phase(
     the batch), so with several processes each rolls out its block of groups and the
     gathered batch is the one a single process would have sampled. A rollout worker
     (ragen2.rl.async_rollout) plays `num_groups` candidates instead of rollout.num_groups
-    (async.oversample) with weights of `version` (default: those the step's own update starts from).
+    (async.oversample) with weights of `version` (default: those the step's own update starts from), or
+    with partial rollouts (`newest_weights`, see `ragen2.agent.rollout.rollout`) with the newest weights at
+    each turn: an episode then counts as the version of its first turn.
     """
     cfg = run.config
     P, G = num_groups or cfg.rollout.num_groups, cfg.rollout.group_size
@@ -352,9 +355,14 @@ def rollout_phase(
             trajectories = rollout(
                 backend_of(run), run.tokenizer, cfg.env.name, cfg.env.kwargs, seeds[mine], group_ids[mine],
                 cfg=cfg.rollout, stats=stats, sample_seeds=sample_seeds[mine], episode_envs=episode_envs[mine],
+                newest_weights=newest_weights,
             )
+    fixed = step - 1 if version is None else version  # the steps whose updates made the weights
     for t in trajectories:
-        t.policy_version = step - 1 if version is None else version  # the steps whose updates made its weights
+        if newest_weights is None:
+            for turn in t.turns:
+                turn.policy_version = fixed
+        t.policy_version = min((turn.policy_version for turn in t.turns), default=fixed)
     trajectories = distributed.gather_objects(trajectories)  # all P x G, in group order, on every rank
     metrics = rollout_metrics(trajectories) | turn_signal_metrics(trajectories, cfg.algo.gamma) | {
         "timing_s/generate": stats.generate_s,
@@ -496,11 +504,13 @@ def throughput_metrics(candidates: int, kept: int, seconds: float) -> dict[str, 
 
 def staleness_metrics(kept: list[Trajectory], step: int) -> dict[str, float]:
     """`async/`: how many updates old the policy that sampled each kept episode is when step `step` trains on
-    it (0 in the synchronous schedule): mean, max and the share at each staleness up to 4."""
+    it (0 in the synchronous schedule): mean, max and the share at each staleness up to 4; and the share of
+    episodes whose turns came from more than one version (partial rollouts)."""
     lag = np.array([staleness(t, step) for t in kept]) if kept else np.zeros(1)
+    mixed = [len({turn.policy_version for turn in t.turns}) > 1 for t in kept]
     return {"async/staleness_mean": float(lag.mean()), "async/staleness_max": float(lag.max())} | {
         f"async/staleness_frac_{k}": float((lag == k).mean()) for k in range(5)
-    }
+    } | {"async/mixed_version_frac": float(np.mean(mixed)) if mixed else 0.0}
 
 
 def staleness(trajectory: Trajectory, step: int) -> int:

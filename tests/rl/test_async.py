@@ -25,6 +25,7 @@ from ragen2.rl import trainer
 from ragen2.rl.async_rollout import LocalWorker, rollout_worker, trainable
 from ragen2.rl.batch import build_batch
 from ragen2.rl.checkpoint import latest_step
+from ragen2.rl.losses import token_logprobs
 from ragen2.tracking import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
@@ -213,6 +214,72 @@ def test_the_worker_samples_with_the_weights_it_was_sent(policy_dir, tmp_path):
     assert (logprobs() - batch.rollout_logp)[valid].abs().max() > 1e-2
     assert not multiprocessing.active_children()
     run.tracker.close()
+
+
+def test_partial_rollouts_take_new_weights_between_turns(policy_dir, tmp_path):
+    """New weights arriving before turn 1 (`newest_weights`, as a worker with async.partial_rollouts calls it):
+    turn 0 records version 0 and was sampled by the old weights, later turns version 1 and exactly the new
+    ones (none of the old weights' cached keys/values reused), and the episode counts as version 0."""
+    run = trainer.setup(load_config("frozenlake", [
+        f"model.path={policy_dir}", "model.device=cpu", f"trainer.run_dir={tmp_path}", "rollout.num_groups=2",
+        "rollout.group_size=2", "rollout.max_turns=3", "rollout.max_tokens_per_turn=8", "logging.progress=false",
+        "logging.tensorboard=false",
+    ]))
+    params = trainable(run.policy)
+    weights = {0: [p.detach().clone() for p in params], 1: [p.detach() + 0.5 * torch.randn_like(p) for p in params]}
+
+    def load(version: int) -> None:
+        with torch.no_grad():
+            for p, w in zip(params, weights[version]):
+                p.copy_(w)
+
+    calls = []
+
+    def newest_weights() -> int:
+        calls.append(min(len(calls), 1))
+        load(calls[-1])
+        return calls[-1]
+
+    trajectories, metrics = trainer.rollout_phase(run, 1, newest_weights=newest_weights)
+    assert calls == [0, 1, 1] and metrics["rollout/turns_mean"] == 3  # the random policy plays every turn
+    for t in trajectories:
+        assert [turn.policy_version for turn in t.turns] == [0, 1, 1] and t.policy_version == 0
+    for version in (0, 1):
+        load(version)
+        for t in trajectories:
+            for turn in t.turns:
+                ids = torch.tensor([turn.prompt_ids + turn.response_ids])
+                with torch.no_grad():
+                    logits = run.policy(input_ids=ids).logits[:, len(turn.prompt_ids) - 1: -1]
+                forced = token_logprobs(logits, ids[:, len(turn.prompt_ids):])[0]
+                gap = (forced - torch.tensor(turn.logprobs)).abs().max()
+                assert (gap < 1e-4) == (turn.policy_version == version), (version, turn.policy_version, gap)
+    assert trainer.staleness_metrics(trajectories, 3)["async/mixed_version_frac"] == 1.0
+    run.tracker.close()
+
+
+def test_a_worker_with_partial_rollouts_stamps_every_turn(policy_dir, tmp_path):
+    """async.partial_rollouts=true through a real worker: version 1 is pushed while it plays step 2 from
+    version 0, so step 2's turns are of version 0 then, once it has arrived, 1 (when it arrives is up to
+    the worker's timing); an episode counts as its first turn's version, and step 3's start from 1."""
+    run = trainer.setup(load_config("frozenlake", [
+        f"model.path={policy_dir}", "model.device=cpu", f"trainer.run_dir={tmp_path}", "rollout.num_groups=2",
+        "rollout.group_size=2", "rollout.max_turns=4", "rollout.max_tokens_per_turn=8", "logging.progress=false",
+        "logging.tensorboard=false", "async.enable=true", "async.partial_rollouts=true",
+    ]))
+    with rollout_worker(run):
+        step1, _ = run.rollouts.take(1)
+        run.rollouts.push(1)
+        steps = [step1, run.rollouts.take(2)[0], run.rollouts.take(3)[0]]
+    for step, trajectories in enumerate(steps, start=1):
+        for t in trajectories:
+            versions = [turn.policy_version for turn in t.turns]
+            assert versions == sorted(versions) and set(versions) <= {0, 1} and t.policy_version == versions[0]
+    assert {t.policy_version for t in steps[0]} == {0} and {t.policy_version for t in steps[2]} == {1}
+    assert not multiprocessing.active_children()
+    run.tracker.close()
+    with pytest.raises(ConfigError, match="async.partial_rollouts=true needs async.max_staleness > 0"):
+        tiny(policy_dir, tmp_path / "x", "async.enable=true", "async.max_staleness=0", "async.partial_rollouts=true")
 
 
 def test_oversampled_candidates_are_admitted_by_the_filter(small_bandit_policy, tmp_path):
