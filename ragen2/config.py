@@ -1044,8 +1044,8 @@ def validate(config: Config) -> None:
 
 
 def _validate_async(config: Config) -> None:
-    """What asynchronous training runs today (docs/scaling.md): trainer and rollout processes on the HF backend
-    and the environment loop; the filter ranks extra candidates at prompt level. The ranks are checked against
+    """What asynchronous training runs today (docs/scaling.md): trainer and rollout processes on the HF backend,
+    with the environment loop or an agent loop; the filter ranks extra candidates at prompt level. The ranks are checked against
     the launcher's world when the run starts (ragen2.rl.async_rollout.launched_roles)."""
     c = config.async_
     if not c.enable:
@@ -1062,13 +1062,19 @@ def _validate_async(config: Config) -> None:
     if c.partial_rollouts and c.max_staleness == 0:
         raise ConfigError("async.partial_rollouts=true needs async.max_staleness > 0: at 0 the run is the "
                           "synchronous one, whose episodes never span an update")
+    if c.partial_rollouts and config.agent.entrypoint:
+        raise ConfigError("async.partial_rollouts=true switches weights between the turns of the environment loop; "
+                          "an agent loop (agent.entrypoint) plays its episodes with one version: leave it false")
     if c.max_staleness > 0:
         for key, value, allowed in [("rollout.backend", config.rollout.backend, "hf"),
-                                    ("agent.entrypoint", config.agent.entrypoint, None),
                                     ("model.fsdp", config.model.fsdp, False)]:
             if value != allowed:
                 raise ConfigError(f"{key}={value} does not work with async.max_staleness={c.max_staleness} yet "
                                   f"(the rollout worker runs {key}={allowed} only); use async.max_staleness=0")
+        if config.agent.entrypoint and config.agent.port != 0:
+            raise ConfigError(f"agent.port={config.agent.port} with async.max_staleness={c.max_staleness}: every rollout "
+                              "worker and the trainer (for evaluation) start an endpoint, and they cannot share a "
+                              "port: use agent.port=0 (each takes a free one)")
     if c.oversample != 1:
         if config.env.mixture is not None or config.filter.level != "prompt":
             raise ConfigError(f"async.oversample={c.oversample} needs one environment and filter.level=prompt "

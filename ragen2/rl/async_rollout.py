@@ -319,7 +319,12 @@ def serve_rollouts(config: Config, roles: Roles, alive: Callable[..., None] = _l
     """A rollout rank's whole run: play the steps the trainers will take until the lead trainer says stop.
     `alive()` raises when the trainer is gone."""
     with distributed.role(roles.rollouts):
-        _Worker(config, roles, alive).run()
+        worker = _Worker(config, roles, alive)
+        try:
+            worker.run()
+        finally:
+            if worker.state.agent is not None:  # agent.entrypoint's endpoint
+                worker.state.agent.close()
 
 
 class _Worker:

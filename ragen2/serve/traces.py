@@ -103,7 +103,8 @@ def episode_trajectory(
     """The `Trajectory` an episode trains as: one turn per call, the reward on the last one.
 
     A turn's `format_valid` says whether its tool-call blocks parsed; its actions are the names
-    of the tools it called.
+    of the tools it called; its `logprobs` are the served completion's (None if the backend gave none),
+    for off-policy correction.
     """
     traj = Trajectory(env_name=name, seed=episode.seed, group_id=episode.group_id, error=error)
     for k, call in enumerate(episode.calls):
@@ -113,6 +114,7 @@ def episode_trajectory(
             reasoning=reasoning, reasoning_span=span, actions=[c.name for c in call.tools.calls],
             format_valid=call.tools.valid, actions_valid=call.tools.valid,
             reward=reward if k == len(episode.calls) - 1 else 0.0, observation=call.observation,
+            logprobs=list(call.logprobs) if len(call.logprobs) == len(call.completion_ids) else None,
         ))
     traj.samples = call_samples(episode.calls)
     traj.episode_return = reward

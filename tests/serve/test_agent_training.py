@@ -15,11 +15,15 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from transformers import AutoTokenizer
 
 from chat_templates import QWEN3_DROP_THINK
 from ragen2.config import Config, load_config
+from ragen2.errors import ConfigError
+from ragen2.rl.async_rollout import rollout_worker
 from ragen2.rl.batch import build_batch
+from ragen2.rl.losses import token_logprobs
 from ragen2.rl.run import setup
 from ragen2.rl.trainer import rollout_phase, train
 
@@ -75,6 +79,45 @@ def test_async_agent_trains_on_the_served_tokens(tool_policy, tmp_path, monkeypa
     assert any(turn.actions == ["lookup"] for t in trajectories for turn in t.turns)  # the tool was called
     assert_trained_as_served(trajectories, served_calls(log), run.tokenizer.pad_token_id)
     assert metrics["rollout/turns_mean"] > 1  # most episodes called the tool, then answered
+
+
+def test_a_rollout_worker_plays_the_agent_loop(tool_policy, tmp_path, monkeypatch, one_thread):
+    """async.max_staleness=1: the rollout worker process starts its own endpoint and plays the agent's episodes
+    there; the groups it sends train on exactly the tokens its endpoint served, stamped with their version."""
+    log = tmp_path / "served.jsonl"
+    monkeypatch.setenv("SERVED_LOG", str(log))  # the worker inherits it
+    config = agent_config(tmp_path, tool_policy, "play_async", "async.enable=true", "trainer.total_steps=1")
+    run = setup(config)
+    try:
+        with rollout_worker(run):
+            trajectories, metrics = run.rollouts.take(1)
+    finally:
+        run.lock.release()
+    assert run.agent is None  # the trainer started no endpoint: the worker played
+    assert all(t.error is None and t.policy_version == 0 for t in trajectories) and len(trajectories) == 8
+    for turn in (turn for t in trajectories for turn in t.turns):  # the behaviour log-probs of the weights sent
+        ids = torch.tensor([turn.prompt_ids + turn.response_ids])
+        with torch.no_grad():
+            logits = run.policy(input_ids=ids).logits[:, len(turn.prompt_ids) - 1: -1]
+        forced = token_logprobs(logits, ids[:, len(turn.prompt_ids):])[0]
+        torch.testing.assert_close(torch.tensor(turn.logprobs), forced, atol=1e-4, rtol=0)
+    assert_trained_as_served(trajectories, served_calls(log), run.tokenizer.pad_token_id)
+    assert metrics["rollout/turns_mean"] > 1
+    with pytest.raises(ConfigError, match="agent.port=8000 with async.max_staleness=1"):
+        agent_config(tmp_path, tool_policy, "play", "async.enable=true", "agent.port=8000")
+    with pytest.raises(ConfigError, match="an agent loop .* plays its episodes with one version"):
+        agent_config(tmp_path, tool_policy, "play", "async.enable=true", "async.partial_rollouts=true")
+
+
+@pytest.mark.slow
+def test_an_asynchronous_agent_run_trains_with_off_policy_correction(tool_policy, tmp_path, one_thread):
+    """Three steps with a rollout worker playing the agent: groups up to one update old, their importance
+    weights made from the log-probs the worker's endpoint recorded."""
+    train(agent_config(tmp_path, tool_policy, "play", "trainer.total_steps=3", "async.enable=true"))
+    steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in steps] == [1, 2, 3]
+    assert all(m["async/staleness_max"] <= 1 and m["rollout_corr/is_weight_mean"] > 0 for m in steps)
+    assert sum(m["async/staleness_frac_1"] for m in steps) > 0
 
 
 def test_reasoning_template_trains_each_completion_in_its_own_context(tool_policy, tmp_path, monkeypatch,
