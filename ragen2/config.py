@@ -1066,11 +1066,10 @@ def _validate_async(config: Config) -> None:
         raise ConfigError("async.partial_rollouts=true switches weights between the turns of the environment loop; "
                           "an agent loop (agent.entrypoint) plays its episodes with one version: leave it false")
     if c.max_staleness > 0:
-        for key, value, allowed in [("rollout.backend", config.rollout.backend, "hf"),
-                                    ("model.fsdp", config.model.fsdp, False)]:
-            if value != allowed:
-                raise ConfigError(f"{key}={value} does not work with async.max_staleness={c.max_staleness} yet "
-                                  f"(the rollout worker runs {key}={allowed} only); use async.max_staleness=0")
+        if config.rollout.backend != "hf":
+            raise ConfigError(f"rollout.backend={config.rollout.backend} does not work with async.max_staleness="
+                              f"{c.max_staleness} yet (the rollout worker runs rollout.backend=hf only); use "
+                              "async.max_staleness=0")
         if config.agent.entrypoint and config.agent.port != 0:
             raise ConfigError(f"agent.port={config.agent.port} with async.max_staleness={c.max_staleness}: every rollout "
                               "worker and the trainer (for evaluation) start an endpoint, and they cannot share a "

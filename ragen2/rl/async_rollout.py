@@ -112,6 +112,9 @@ def launched_roles(config: Config) -> Roles | None:
     if max(ranks) >= size or len(ranks) >= size:
         raise ConfigError(f"async.rollout_ranks={ranks} must name ranks below WORLD_SIZE={size} and leave at least "
                           "one to train")
+    if config.model.fsdp and 0 in ranks:
+        raise ConfigError(f"async.rollout_ranks={ranks} with model.fsdp=true: rank 0 must train, since the "
+                          "checkpoint's sharded state is gathered whole on it")
     check_split(config, len(ranks), "async.rollout_ranks")
     return make_roles(ranks)
 
@@ -159,7 +162,8 @@ class AsyncRollouts:
         self.config, self.roles, self.alive = run.config, roles, alive
         self.k = run.config.async_.max_staleness
         self.lead = dist.get_rank() == roles.lead_trainer
-        self.params = trainable(run.policy)
+        # With model.fsdp the replica holds the whole weights, every one trained (no LoRA), after `sync_replica`.
+        self.params = list(run.policy.parameters()) if run.trainee is not None else trainable(run.policy)
         self.buffer: dict[int, tuple[int, list[Trajectory], dict[str, float]]] = {}  # step -> version, groups, metrics
         self.pushes: list[dist.Work] = []  # broadcasts the rollout ranks may not have received yet
         if self.lead:  # where they start: this run's directory and step, and its weights

@@ -62,6 +62,11 @@ def world_size() -> int:
     return dist.get_world_size(_role_group) if dist.is_initialized() else 1
 
 
+def role_group() -> dist.ProcessGroup | None:
+    """The process group of this process's role (asynchronous training), None for the whole world."""
+    return _role_group
+
+
 @contextlib.contextmanager
 def role(group: dist.ProcessGroup) -> Iterator[None]:
     """Within: rank, world size and the collectives here are those of `group`, this process's role."""

@@ -27,6 +27,7 @@ from torch.distributed.checkpoint.state_dict import (
     get_optimizer_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
@@ -34,17 +35,21 @@ from ragen2.rl import distributed
 
 
 def shard(model: torch.nn.Module) -> torch.nn.Module:
-    """Shard `model` in place over all processes and return it: each transformer block is its own
-    FSDP unit (the classes HF models list in `_no_split_modules`), the rest the root unit.
+    """Shard `model` in place over all processes of this role (`distributed.role`: the trainers of an
+    asynchronous run) and return it: each transformer block is its own FSDP unit (the classes HF models
+    list in `_no_split_modules`), the rest the root unit.
 
     FSDP averages gradients over the processes; the trainer's losses are normalised by the whole
     mini-batch's counts, for a sum, so it scales them by `gradient_scale()` first.
     """
+    group = distributed.role_group()
+    device = next(model.parameters()).device.type
+    mesh = None if group is None else DeviceMesh.from_group(group, device)  # None: the whole world
     block_classes = set(getattr(model, "_no_split_modules", None) or [])
     for module in list(model.modules()):
         if type(module).__name__ in block_classes:
-            fully_shard(module)
-    fully_shard(model)
+            fully_shard(module, mesh=mesh)
+    fully_shard(model, mesh=mesh)
     return model
 
 

@@ -22,7 +22,7 @@ from ragen2.config import config_from_file, load_config
 from ragen2.errors import ConfigError, RolloutWorkerError
 from ragen2.filtering import group_scores
 from ragen2.rl import trainer
-from ragen2.rl.async_rollout import LocalWorker, rollout_worker, trainable
+from ragen2.rl.async_rollout import LocalWorker, launched_roles, rollout_worker, trainable
 from ragen2.rl.batch import build_batch
 from ragen2.rl.checkpoint import latest_step
 from ragen2.rl.losses import token_logprobs
@@ -102,6 +102,11 @@ def test_the_async_section_round_trips_and_refuses_what_does_not_run(policy_dir,
     with pytest.raises(ConfigError, match="async.oversample=2.0 needs one environment and filter.level=prompt"):
         tiny(policy_dir, tmp_path / "x", "async.enable=true", "async.oversample=2", "filter.level=anchor",
              "algo.name=gigpo")
+    fsdp_on_rank_0 = tiny(policy_dir, tmp_path / "x", "async.enable=true", "async.rollout_ranks=[0]", "model.fsdp=true")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("WORLD_SIZE", "3")
+        with pytest.raises(ConfigError, match=r"async.rollout_ranks=\[0\] with model.fsdp=true: rank 0 must train"):
+            launched_roles(fsdp_on_rank_0)
     with pytest.raises(ConfigError, match="async.max_staleness=-1 is not allowed"):
         tiny(policy_dir, tmp_path / "x", "async.max_staleness=-1")
     with pytest.raises(ConfigError, match="unknown config key 'async.enabel'.*async.enable"):
@@ -307,12 +312,14 @@ def test_oversampled_candidates_are_admitted_by_the_filter(small_bandit_policy, 
 
 
 @pytest.mark.slow
-def test_ranks_take_roles_under_torchrun(policy_dir, tmp_path):
-    """torchrun with 4 processes and async.rollout_ranks=[1, 3]: ranks 0 and 2 train data-parallel, 1 and 3
-    generate data-parallel. Step 1's groups are the 1-process synchronous run's (same seeds, weights of
-    version 0), later ones are at most one update old, and every process exits on its own."""
-    overrides = ("filter.strategy=none", "trainer.eval_every=0")
-    trainer.train(tiny(policy_dir, tmp_path / "sync", *overrides, "trainer.total_steps=1"))
+@pytest.mark.parametrize("fsdp", [False, True])
+def test_ranks_take_roles_under_torchrun(policy_dir, tmp_path, fsdp: bool):
+    """torchrun with 4 processes and async.rollout_ranks=[1, 3]: ranks 0 and 2 train data-parallel (or with
+    their training state sharded over the two), 1 and 3 generate data-parallel. Step 1's groups are the
+    1-process synchronous run's (same seeds, weights of version 0), later ones are at most one update old,
+    and every process exits on its own."""
+    overrides = ("filter.strategy=none", "trainer.eval_every=0", f"model.fsdp={str(fsdp).lower()}")
+    trainer.train(tiny(policy_dir, tmp_path / "sync", *overrides[:2], "trainer.total_steps=1"))
     run_dir = tmp_path / "roles"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", "-m", "ragen2",
                "train", "bandit", f"model.path={policy_dir}", "model.device=cpu", f"trainer.run_dir={run_dir}",
