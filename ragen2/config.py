@@ -1045,8 +1045,8 @@ def validate(config: Config) -> None:
 
 def _validate_async(config: Config) -> None:
     """What asynchronous training runs today (docs/scaling.md): trainer and rollout processes on the HF backend,
-    with the environment loop or an agent loop; the filter ranks extra candidates at prompt level. The ranks are checked against
-    the launcher's world when the run starts (ragen2.rl.async_rollout.launched_roles)."""
+    with the environment loop or an agent loop; the filter ranks extra candidates at prompt level. The ranks
+    are checked against the launcher's world when the run starts (ragen2.rl.async_rollout.launched_roles)."""
     c = config.async_
     if not c.enable:
         return

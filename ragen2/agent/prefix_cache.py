@@ -40,15 +40,14 @@ class PrefixStore:
 
     def __init__(self, keep_finished: bool = False) -> None:
         self.keep_finished = keep_finished
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget every entry (at the start, or when the weights that computed them have been replaced)."""
         self.entries: list[CachedPrefix] = []
         self._ids = np.zeros((0, 0), dtype=np.int64)  # [entries, longest] ids, padded with -1
         self._lens = np.zeros(0, dtype=np.int64)
         self._continued: set[int] = set()  # id() of the entries a prompt of the current call holds whole
-
-    def clear(self) -> None:
-        """Forget every entry: the weights that computed them have been replaced (a partial rollout)."""
-        self.entries, self._continued = [], set()
-        self._ids, self._lens = np.zeros((0, 0), dtype=np.int64), np.zeros(0, dtype=np.int64)
 
     def mark_continued(self, entry: CachedPrefix) -> None:
         """A prompt of the current call holds all of `entry`: its row's next entry will hold it too."""

@@ -40,6 +40,22 @@ def _single_thread(one_thread):
     """Every test here runs on one thread (see tests/conftest.py, one_thread)."""
 
 
+@pytest.fixture
+def worker_exit_codes(monkeypatch) -> list[int | None]:
+    """The exit codes of a run's local rollout workers, each waited for (30 s at most) when the run closes them."""
+    codes: list[int | None] = []
+    original_close = LocalWorker.close
+
+    def close(self, clean: bool) -> None:
+        for process in self.processes:
+            process.join(timeout=30)
+            codes.append(process.exitcode)
+        original_close(self, clean)
+
+    monkeypatch.setattr(LocalWorker, "close", close)
+    return codes
+
+
 def tiny(policy_dir: Path, run_dir: Path, *overrides: str):
     """Bandit, 2 groups x 4 episodes of at most 8 tokens, 3 steps with an evaluation and the MI diagnostics."""
     return load_config("bandit", [
@@ -113,20 +129,10 @@ def test_the_async_section_round_trips_and_refuses_what_does_not_run(policy_dir,
         tiny(policy_dir, tmp_path / "x", "async.enabel=true")
 
 
-def test_staleness_one_trains_on_groups_from_a_rollout_worker(policy_dir, tmp_path, monkeypatch):
+def test_staleness_one_trains_on_groups_from_a_rollout_worker(policy_dir, tmp_path, worker_exit_codes):
     """A real worker process plays the groups; step 1's are the synchronous run's (same seeds and weights),
     later ones are one update old, the importance weights correct them, every MI check is also split by
     staleness, and the worker exits on its own (code 0) when the trainer says stop."""
-    exit_codes = []
-
-    def close(self, clean: bool) -> None:
-        for process in self.processes:
-            process.join(timeout=30)
-            exit_codes.append(process.exitcode)
-        original_close(self, clean)
-
-    original_close = LocalWorker.close
-    monkeypatch.setattr(LocalWorker, "close", close)
     every_group = ("filter.strategy=none",)  # the random policy's groups all have zero variance
     trainer.train(tiny(policy_dir, tmp_path / "sync", *every_group, "trainer.total_steps=1"))
     trainer.train(tiny(policy_dir, tmp_path / "async", *every_group, "trainer.total_steps=4",
@@ -159,20 +165,12 @@ def test_staleness_one_trains_on_groups_from_a_rollout_worker(policy_dir, tmp_pa
             assert r[f"async/staleness_{max(found)}/collapse_{scheme}/cond_entropy"] > 0
     assert "| `async/staleness_K/collapse_<scheme>/<metric>` |" in METRICS_DOC.read_text()
     assert config_from_file(tmp_path / "async" / "config.yaml").algo.rollout_is == "token"
-    assert exit_codes == [0] and not multiprocessing.active_children()
+    assert worker_exit_codes == [0] and not multiprocessing.active_children()
 
 
-def test_local_workers_share_the_step_between_them(policy_dir, tmp_path, monkeypatch):
+def test_local_workers_share_the_step_between_them(policy_dir, tmp_path, worker_exit_codes):
     """async.local_workers=2: two worker processes play a step's groups data-parallel, so step 1's are the
     synchronous run's; later ones are at most one update old, and both workers exit on their own."""
-    exit_codes = []
-
-    def close(self, clean: bool) -> None:
-        exit_codes.extend(process.join(timeout=30) or process.exitcode for process in self.processes)
-        original_close(self, clean)
-
-    original_close = LocalWorker.close
-    monkeypatch.setattr(LocalWorker, "close", close)
     overrides = ("filter.strategy=none", "trainer.eval_every=0")
     trainer.train(tiny(policy_dir, tmp_path / "sync", *overrides, "trainer.total_steps=1"))
     trainer.train(tiny(policy_dir, tmp_path / "async", *overrides, "async.enable=true", "async.local_workers=2"))
@@ -182,7 +180,7 @@ def test_local_workers_share_the_step_between_them(policy_dir, tmp_path, monkeyp
     assert rollout and {k: records[0][k] for k in rollout} == {k: sync[0][k] for k in rollout}
     assert records[0]["async/staleness_max"] == 0 and all(r["async/staleness_max"] <= 1 for r in records)
     assert all(r["async/candidate_groups"] == 2 and r["train/grad_norm"] > 0 for r in records)
-    assert exit_codes == [0, 0] and not multiprocessing.active_children()
+    assert worker_exit_codes == [0, 0] and not multiprocessing.active_children()
     with pytest.raises(ConfigError, match="the 2 candidate groups a step plays .* do not split over the 3 "
                                           "async.local_workers"):
         trainer.train(tiny(policy_dir, tmp_path / "x", "async.enable=true", "async.local_workers=3"))
