@@ -89,7 +89,7 @@ def _config_help() -> str:
 
 
 def cmd_warmstart(args: argparse.Namespace) -> int:
-    from ragen2.models.warmstart import parse_settings, warmstart
+    from ragen2.models.warmstart import compare_weights, make_config, parse_settings, shipped_policy, warmstart
 
     settings = parse_settings(args.settings)
     if args.envs:
@@ -98,6 +98,14 @@ def cmd_warmstart(args: argparse.Namespace) -> int:
     if args.base is None:
         path = warmstart(out_dir=out_dir, seed=args.seed, force=args.force, device=args.device, **settings)
         print(f"tiny policy ready: {path}")
+        shipped = shipped_policy(make_config(args.seed, settings).key())
+        if shipped is not None:  # tiny:ENV loads the shipped copy: say whether this CPU rebuilt it exactly
+            difference = compare_weights(path, shipped)
+            same = "the same weights, bit for bit" if difference == 0 else (
+                f"weights that differ by up to {difference:.3g} (this CPU rounds floats differently)")
+            print(f"model.path=tiny:{','.join(make_config(args.seed, settings).envs)} loads the copy shipped with "
+                  f"ragen2 ({shipped}), built on an AVX-512 CPU; this rebuild has {same}. "
+                  f"Train from the rebuild with model.path={path}")
         return 0
     from ragen2.models.base_warmstart import format_summary, warmstart_base
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 import re
 import shutil
 import time
@@ -26,6 +27,7 @@ from ragen2.agent import GenerationBackend
 from ragen2.collapse.online import OnlineDiagnostics
 from ragen2.mixture import is_mixture, label
 from ragen2.config import Config, config_from_file, save_config, to_dict
+from ragen2.cpu_threads import set_cpu_threads
 from ragen2.errors import CheckpointError, ConfigError
 from ragen2.models.loading import (
     check_model_dir,
@@ -146,6 +148,9 @@ def _build_run(config: Config, run_dir: Path, checkpoint: Checkpoint | None) -> 
         log.debug("resolved config:\n%s", yaml.safe_dump(to_dict(config), sort_keys=False))
     torch.manual_seed(config.trainer.seed)  # initialisation of new heads and adapters
     policy, tokenizer = load_trainable_policy(config, device, checkpoint)
+    threads, why = set_cpu_threads(config.model.cpu_threads, policy.num_parameters(), local_processes(config))
+    if distributed.is_main() and device.type == "cpu":
+        log.info("torch on %d CPU thread%s per process (%s)", threads, "s" if threads > 1 else "", why)
     critic = None
     if config.algo.name == "ppo":
         source = checkpoint.critic_path if checkpoint else None
@@ -184,6 +189,16 @@ def _build_run(config: Config, run_dir: Path, checkpoint: Checkpoint | None) -> 
             run.tracker.log_event("total_steps_changed", f"trainer.total_steps {saved} -> "
                                   f"{config.trainer.total_steps} on resume from step {checkpoint.step}", checkpoint.step)
     return run
+
+
+def local_processes(config: Config) -> int:
+    """The run's processes on this machine that compute with torch: a launcher's local ranks, or the trainer and
+    the rollout workers it starts itself (async.local_workers)."""
+    launched = int(os.environ.get("LOCAL_WORLD_SIZE", "0"))
+    if launched:
+        return launched
+    c = config.async_
+    return 1 + (c.local_workers if c.enable and c.max_staleness > 0 else 0)
 
 
 def _uses_reference(config: Config) -> bool:

@@ -262,6 +262,50 @@ def test_the_default_runs_policy_is_the_frozenlake_learning_tests_warm_start():
     assert ws.make_config(0, {"envs": ("frozenlake",)}).key() == "ea5387713e48"
 
 
+def test_the_default_runs_policy_ships_with_the_package_and_nothing_is_built(tmp_path, monkeypatch):
+    """tiny:frozenlake loads the copy shipped in the package, the same weights on every CPU, with an empty cache."""
+    from ragen2.models.loading import resolve_model_path
+
+    monkeypatch.setenv("RAGEN2_CACHE", str(tmp_path))
+    path = ws.Path(resolve_model_path("tiny:frozenlake"))
+    assert path.parent == ws.SHIPPED_DIR
+    assert list(tmp_path.iterdir()) == []
+    info = json.loads((path / ws.INFO_FILE).read_text())
+    assert info["key"] == ws.make_config(0, {"envs": ("frozenlake",)}).key() == "ea5387713e48"
+    assert (path / "model.safetensors").stat().st_size < 2_000_000
+    assert AutoModelForCausalLM.from_pretrained(path).num_parameters() == info["num_parameters"]
+    assert ws.shipped_policy(ws.WarmStartConfig().key()) is None  # the others are built on first use
+
+
+def test_compare_weights_is_zero_for_a_copy_and_the_largest_difference_otherwise(built, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    assert ws.compare_weights(built, built) == 0.0
+    tensors = load_file(built / "model.safetensors")
+    name = sorted(tensors)[0]
+    tensors[name] = tensors[name].clone()
+    tensors[name].view(-1)[3] += 0.25
+    (tmp_path / "other").mkdir()
+    save_file(tensors, tmp_path / "other" / "model.safetensors")
+    assert ws.compare_weights(built, tmp_path / "other") == pytest.approx(0.25)
+
+
+def test_warmstart_cli_says_whether_a_rebuild_of_a_shipped_policy_is_bit_for_bit_the_same(built, tmp_path,
+                                                                                          monkeypatch, capsys):
+    from ragen2.cli import main
+
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    ws.shutil.copytree(built, shipped / "policy")
+    monkeypatch.setattr(ws, "SHIPPED_DIR", shipped)
+    settings = [f"{k}={v}" for k, v in TINY.items()]
+    assert main(["warmstart", "--out", str(tmp_path / "rebuilt"), *settings]) == 0
+    out = capsys.readouterr().out
+    assert "the same weights, bit for bit" in out and f"model.path={tmp_path / 'rebuilt'}" in out
+    assert main(["warmstart", "--out", str(tmp_path / "other"), *settings, "lr=0.02"]) == 0
+    assert "shipped" not in capsys.readouterr().out  # other settings: no shipped copy to compare with
+
+
 def test_tool_demonstration_samples_equal_what_a_tool_calling_rollout_of_the_same_responses_stores():
     config = ws.WarmStartConfig(envs=("searchqa+tools", "code+tools", "webshop+tools"), episodes_per_env=40,
                                 vocab_size=600)
