@@ -17,7 +17,7 @@ Both processes share the machine's cores: with one core each the overlap is real
 loaded by other jobs it is not, and the ratios say so.
 
     python benchmarks/async_step_time.py [--model tiny] [--preset sokoban] [--steps 4] [--skip 1]
-        [--repeats 1] [--threads 1] [--sync-threads N] [--out async_step_time.json] [overrides ...]
+        [--repeats 1] [--threads 0] [--sync-threads N] [--out async_step_time.json] [overrides ...]
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from filter_step_time import add_run_arguments, train_records
 from step_throughput import step_time
@@ -38,10 +37,11 @@ VARIANTS = {"sync": [], "async": ["async.enable=true", "async.max_staleness=1"]}
 COLUMNS = ("step_s", "rollout_s", "train_s", "worker_rollout_s", "kept_groups_per_s")
 
 
-def run_variant(args: argparse.Namespace, variant: str, run_dir: Path) -> list[dict[str, float]]:
-    """Train `args.steps` steps of one variant; per-step timings from metrics.jsonl."""
+def run_variant(args: argparse.Namespace, variant: str, run_dir: Path, threads: int) -> list[dict[str, float]]:
+    """Train `args.steps` steps of one variant on `threads` torch threads a process (0: ragen2's choice); per-step
+    timings from metrics.jsonl."""
     rows = []
-    for record in train_records(args, VARIANTS[variant], run_dir):
+    for record in train_records(args, [*VARIANTS[variant], f"model.cpu_threads={threads}"], run_dir):
         if record["step"] <= args.skip:
             continue
         step_s = step_time(record)
@@ -60,20 +60,20 @@ def main() -> None:
     add_run_arguments(parser, "sokoban", 4)
     parser.add_argument("--skip", type=int, default=1, help="Leading steps left out (the worker's start-up).")
     parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads of each process.")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch threads of each process (model.cpu_threads; 0: ragen2's choice, as a user gets it).")
     parser.add_argument("--sync-threads", type=int, default=None,
                         help="torch threads of the synchronous run (default: --threads); with --threads 1 on 2 cores, "
                              "--sync-threads 2 gives the synchronous run the two cores the async run's processes share.")
     parser.add_argument("--out", default="async_step_time.json")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    threads = {"sync": args.sync_threads or args.threads, "async": args.threads}
+    threads = {"sync": args.threads if args.sync_threads is None else args.sync_threads, "async": args.threads}
     order = [v for r in range(args.repeats) for v in (("sync", "async") if r % 2 == 0 else ("async", "sync"))]
     rows: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
     with tempfile.TemporaryDirectory() as tmp:
         for i, variant in enumerate(order):
-            torch.set_num_threads(threads[variant])
-            rows[variant] += run_variant(args, variant, Path(tmp) / f"{variant}-{i}")
+            rows[variant] += run_variant(args, variant, Path(tmp) / f"{variant}-{i}", threads[variant])
     means = {v: {c: float(np.mean([r[c] for r in rs])) for c in COLUMNS} for v, rs in rows.items()}
     print(f"{'variant':8s} " + " ".join(f"{c:>17s}" for c in COLUMNS))
     for variant, m in means.items():

@@ -5,8 +5,9 @@ another process holds one of the cores, every operation waits for the thread tha
 default run's steps took 50 to 100 s beside a package install where they take about 11 s on idle
 cores. A policy of a few million parameters gains nothing from a second thread anyway (its matrix
 products are too small to split; docs/benchmarks.md, "Threads"), so it runs on one, and a busy core
-elsewhere does not slow it. A larger policy gets the cores shared out among the processes the run
-starts on this machine (a trainer and its rollout workers, or a launcher's ranks).
+elsewhere does not slow it. A larger policy gets the cores that are free when the run starts (those
+other processes keep busy left out), shared out among the processes the run starts on this machine (a
+trainer and its rollout workers, or a launcher's ranks).
 
 `model.cpu_threads` or `OMP_NUM_THREADS` set by the user wins over the choice.
 """
@@ -14,6 +15,7 @@ starts on this machine (a trainer and its rollout workers, or a launcher's ranks
 from __future__ import annotations
 
 import os
+import time
 
 import torch
 
@@ -26,11 +28,34 @@ def available_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def busy_cores(interval_s: float = 0.2) -> float:
+    """How many cores' worth of time the machine spent busy over `interval_s` (Linux's /proc/stat; 0 elsewhere).
+
+    Called while this process sleeps, so what it counts is other processes' work."""
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+        return sum(fields[:8]), idle
+
+    try:
+        total0, idle0 = sample()
+        time.sleep(interval_s)
+        total1, idle1 = sample()
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    if total1 <= total0:
+        return 0.0
+    return (os.cpu_count() or 1) * (1 - (idle1 - idle0) / (total1 - total0))
+
+
 def choose_threads(num_parameters: int, processes: int = 1) -> int:
-    """One thread for a small policy; otherwise the available cores shared among `processes`."""
+    """One thread for a small policy; otherwise the cores that are free (available, less those other processes
+    keep busy) shared among `processes`."""
     if num_parameters < SMALL_POLICY_PARAMETERS:
         return 1
-    return max(1, available_cores() // max(1, processes))
+    free = available_cores() - round(busy_cores())
+    return max(1, free // max(1, processes))
 
 
 def set_cpu_threads(setting: int, num_parameters: int, processes: int = 1) -> tuple[int, str]:
@@ -43,6 +68,6 @@ def set_cpu_threads(setting: int, num_parameters: int, processes: int = 1) -> tu
     else:
         threads = choose_threads(num_parameters, processes)
         why = (f"a policy of {num_parameters / 1e6:.2g}M parameters" if num_parameters < SMALL_POLICY_PARAMETERS
-               else f"{available_cores()} cores for {processes} process{'es' if processes > 1 else ''}")
+               else f"the free cores of {available_cores()} for {processes} process{'es' if processes > 1 else ''}")
     torch.set_num_threads(threads)
     return threads, why

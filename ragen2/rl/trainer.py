@@ -175,6 +175,7 @@ def train(config: Config, resume_dir: Path | None = None) -> str:
             serve_rollouts(config, roles)
             return ""
         with distributed.role(roles.trainers) if roles is not None else contextlib.nullcontext():
+            threads = torch.get_num_threads()  # setup chooses the run's (model.cpu_threads); the caller's come back
             run = setup(config, resume_dir)
             try:
                 asynchronous = config.async_.enable and config.async_.max_staleness > 0
@@ -186,6 +187,7 @@ def train(config: Config, resume_dir: Path | None = None) -> str:
                     run.agent.close()
                 if run.lock is not None:
                     run.lock.release()
+                torch.set_num_threads(threads)
 
 
 def _train_loop(run: Run) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 from pathlib import Path
@@ -508,3 +509,19 @@ def test_correction_keys_are_checked(policy_dir, tmp_path):
         tiny_config(policy_dir, tmp_path / "run", "algo.rollout_rs=geometric")
     with pytest.raises(ConfigError, match="algo.rollout_is"):
         tiny_config(policy_dir, tmp_path / "run", "algo.rollout_is=seq")
+
+
+def test_a_run_computes_on_the_threads_it_chose_and_gives_the_callers_back(policy_dir, tmp_path, monkeypatch, caplog):
+    """A tiny policy trains on one thread whatever the caller had; model.cpu_threads overrides the choice."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    seen = []
+    step = trainer.training_step
+    monkeypatch.setattr(trainer, "training_step", lambda *a: seen.append(torch.get_num_threads()) or step(*a))
+    torch.set_num_threads(2)
+    with caplog.at_level(logging.INFO, logger="ragen2"):
+        trainer.train(tiny_config(policy_dir, tmp_path / "a"))
+        trainer.train(tiny_config(policy_dir, tmp_path / "b", "model.cpu_threads=3"))
+    assert seen == [1, 1, 3, 3]
+    assert torch.get_num_threads() == 2
+    assert "torch on 1 CPU thread per process (a policy of" in caplog.text
+    assert "torch on 3 CPU threads per process (model.cpu_threads)" in caplog.text
