@@ -379,7 +379,9 @@ def build_parser() -> argparse.ArgumentParser:
         "fine-tune a pretrained model on the same demos.",
         description="Build and cache the tiny policy: byte-level BPE tokenizer with a chat template, a small "
         "Qwen2 model, fine-tuned on solver demonstrations. With --base MODEL, fine-tune that pretrained model "
-        "(LoRA or full) on the demonstrations, rendered with its own chat template. Reused when already cached.",
+        "(LoRA or full) on the demonstrations, rendered with its own chat template. Reused when already cached. "
+        "The default run's policy (--envs frozenlake, model.path=tiny:frozenlake) ships with ragen2, built on an "
+        "AVX-512 CPU; rebuilding it here says whether this CPU gives the same weights (docs/models.md).",
     )
     p.add_argument("--out", help="Output directory (default: the cache, $RAGEN2_CACHE or ~/.cache/ragen2).")
     p.add_argument("--seed", type=int, default=0, help="Seed (default: 0).")
