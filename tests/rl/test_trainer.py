@@ -525,3 +525,26 @@ def test_a_run_computes_on_the_threads_it_chose_and_gives_the_callers_back(polic
     assert torch.get_num_threads() == 2
     assert "torch on 1 CPU thread per process (a policy of" in caplog.text
     assert "torch on 3 CPU threads per process (model.cpu_threads)" in caplog.text
+
+
+def test_kl_in_reward_takes_beta_times_the_kl_off_the_token_rewards_before_the_advantages(policy_dir, tmp_path):
+    """REINFORCE++'s advantages equal those of the token rewards less beta x KL (k1) on every model token,
+    recomputed here from the batch's own log-probs; without the penalty they would not (the policy is moved
+    off its reference first, so the KL is not 0)."""
+    from ragen2.rl.advantages import place_terminal_reward, reinforce_pp_advantages
+
+    config = tiny_config(policy_dir, tmp_path / "run", "algo.name=reinforce_pp", "algo.kl_in_reward=true",
+                         "algo.kl_reward_coef=0.5", "algo.kl_estimator=k1", "algo.gamma=1.0",
+                         "algo.reward_norm_method=identity")
+    run = trainer.setup(config)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in run.policy.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    batch = trainer.advantage_phase(run, [t for t in _with_varied_returns(run) if t.samples])
+    kl = (batch.old_logp - batch.ref_logp) * batch.mask
+    assert kl.abs().sum() > 0.01
+    task_rewards = place_terminal_reward(batch.returns, batch.mask)
+    expected = reinforce_pp_advantages(task_rewards - 0.5 * kl, batch.mask, 1.0)
+    assert torch.allclose(batch.advantages, expected, atol=1e-5)
+    assert not torch.allclose(batch.advantages, reinforce_pp_advantages(task_rewards, batch.mask, 1.0), atol=1e-3)
