@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -60,6 +61,20 @@ def test_a_stale_lock_is_taken_over_with_a_message(tmp_path, caplog):
 
 
 @pytest.mark.slow
+def test_a_fresh_run_into_a_directory_another_process_holds_is_refused_and_leaves_it_alone(policy_dir, tmp_path,
+                                                                                           capsys):
+    """A second `ragen2 train trainer.run_dir=D` while the first still starts up (D locked, no metrics yet)."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text("the first run's\n")
+    with RunLock(run_dir):
+        assert main(_args(policy_dir, run_dir, "trainer.total_steps=1")) == 2
+        assert f"{run_dir} is in use by another ragen2 process (pid {os.getpid()} " in capsys.readouterr().err
+        assert json.loads((run_dir / LOCK_FILE).read_text())["pid"] == os.getpid()
+        assert (run_dir / "config.yaml").read_text() == "the first run's\n"
+        assert not (run_dir / "metrics.jsonl").exists()
+
+
 def test_a_second_resume_is_refused_and_a_killed_runs_lock_is_taken_over(policy_dir, tmp_path):
     run_dir = tmp_path / "run"
     assert main(_args(policy_dir, run_dir, "trainer.total_steps=2", "rollout.max_tokens_per_turn=8")) == 0
@@ -116,7 +131,8 @@ def test_ctrl_c_after_a_steps_check_then_resume_equals_an_uninterrupted_run(smal
 
     expected, got = read_metrics(full), read_metrics(cut)
     assert [r["step"] for r in got] == [r["step"] for r in expected] == [0, 1, 2, 3, 4]
-    assert any("ema" in key for key in got[3])  # the EMA proxies are among the numbers compared
+    emas = {f"step {r['step']} {key}": value for r in got[3:] for key, value in r.items() if "ema" in key}
+    assert emas and all(math.isfinite(v) for v in emas.values()), emas  # compared below, and not NaN on both sides
     for want, have in zip(expected, got):
         want, have = _comparable(want), _comparable(have)
         assert set(have) == set(want), f"step {want['step']}"
