@@ -67,6 +67,10 @@ def tiny(policy_dir: Path, run_dir: Path, *overrides: str):
 
 
 def test_staleness_zero_is_the_synchronous_run(policy_dir, tmp_path):
+    """`async.enable=true async.max_staleness=0` starts no worker: it must run the synchronous schedule, metric
+    for metric, plus the async/ metrics. This checks that path only; the worker's own correctness is checked by
+    test_staleness_one_trains_on_groups_from_a_rollout_worker and test_the_worker_samples_with_the_weights_it_was_sent
+    (its groups' log-probs are those of the weights pushed, not the initial ones)."""
     trainer.train(tiny(policy_dir, tmp_path / "sync"))
     trainer.train(tiny(policy_dir, tmp_path / "async", "async.enable=true", "async.max_staleness=0"))
     sync, asynchronous = read_metrics(tmp_path / "sync"), read_metrics(tmp_path / "async")
