@@ -35,6 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+from filter_step_time import BENCH_OVERRIDES
 
 from ragen2 import envs
 from ragen2.config import load_config
@@ -42,13 +43,6 @@ from ragen2.models.tiny import build_model, build_tokenizer
 from ragen2.tracking import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCH_OVERRIDES = [
-    "collapse.enable=false",
-    "trainer.eval_every=0",
-    "trainer.save_every=0",
-    "logging.progress=false",
-    "logging.tensorboard=false",
-]
 
 
 def train_run(args: argparse.Namespace, processes: int, threads: int, run_dir: Path) -> dict[str, float]:
