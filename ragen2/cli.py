@@ -99,13 +99,14 @@ def cmd_warmstart(args: argparse.Namespace) -> int:
     if args.base is None:
         path = warmstart(out_dir=out_dir, seed=args.seed, force=args.force, device=args.device, **settings)
         print(f"tiny policy ready: {path}")
-        shipped = shipped_policy(make_config(args.seed, settings).key())
+        config = make_config(args.seed, settings)
+        shipped = shipped_policy(config.key())
         if shipped is not None:  # tiny:ENV loads the shipped copy: say whether this CPU rebuilt it exactly
             difference = compare_weights(path, shipped)
             same = "the same weights, bit for bit" if difference == 0 else (
                 f"weights that differ by up to {difference:.3g} (floats rounded differently: another kind of CPU, "
                 "torch version or ATEN_CPU_CAPABILITY)")
-            print(f"model.path=tiny:{','.join(make_config(args.seed, settings).envs)} loads the copy shipped with "
+            print(f"model.path=tiny:{','.join(config.envs)} loads the copy shipped with "
                   f"ragen2 ({shipped}), built on an AVX-512 CPU; this rebuild has {same}. "
                   f"Train from the rebuild with model.path={path}")
         return 0

@@ -55,19 +55,19 @@ class ModelConfig:
     cpu_threads: int = _f(
         0,
         "torch's CPU threads per process. 0 chooses: the user's OMP_NUM_THREADS when set, else one thread for a "
-        "policy under 20M parameters (torch's threads spin-wait on a core another process holds) and the cores "
-        "shared among the run's processes for a larger one (docs/scaling.md).",
+        "policy under 20M parameters (torch's threads spin-wait on a core another process holds) and the free "
+        "cores shared among the run's processes for a larger one (docs/scaling.md).",
     )
-
-    def __post_init__(self) -> None:
-        if self.cpu_threads < 0:
-            raise ConfigError(f"model.cpu_threads={self.cpu_threads} is not allowed: use 0 (choose) or a thread count")
     fsdp: bool = _f(
         False,
         "Shard the training state (weights, gradients, Adam) over the processes with FSDP, for policies "
         "whose training state does not fit one device; rollouts use a full replica (docs/scaling.md). "
         "Needs several processes; on under `accelerate launch` with distributed_type: FSDP.",
     )
+
+    def __post_init__(self) -> None:
+        if self.cpu_threads < 0:
+            raise ConfigError(f"model.cpu_threads={self.cpu_threads} is not allowed: use 0 (choose) or a thread count")
 
 
 @dataclass

@@ -4,7 +4,7 @@ torch starts one thread per core, and between operations its threads spin-wait f
 another process holds one of the cores, every operation waits for the thread that lost its core: the
 default run's steps took 50 to 100 s beside a package install where they take about 11 s on idle
 cores. A policy of a few million parameters gains nothing from a second thread anyway (its matrix
-products are too small to split; docs/benchmarks.md, "Threads"), so it runs on one, and a busy core
+products are too small to split; docs/benchmarks.md, "Threads: a busy core"), so it runs on one, and a busy core
 elsewhere does not slow it. A larger policy gets the cores that are free when the run starts (those
 other processes keep busy left out), shared out among the processes the run starts on this machine (a
 trainer and its rollout workers, or a launcher's ranks).
@@ -14,8 +14,10 @@ trainer and its rollout workers, or a launcher's ranks).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+from collections.abc import Iterator
 
 import torch
 
@@ -71,3 +73,13 @@ def set_cpu_threads(setting: int, num_parameters: int, processes: int = 1) -> tu
                else f"the free cores of {available_cores()} for {processes} process{'es' if processes > 1 else ''}")
     torch.set_num_threads(threads)
     return threads, why
+
+
+@contextlib.contextmanager
+def callers_threads_restored() -> Iterator[None]:
+    """Whatever sets torch's thread count inside (a run's `set_cpu_threads`), the caller's count comes back after."""
+    threads = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)

@@ -225,8 +225,8 @@ def cache_path(config: WarmStartConfig, cache_dir: str | Path | None = None) -> 
 
 
 # Warm starts that ship inside the package, one directory each, found by the key in their INFO_FILE. A
-# part-way policy lands wherever the CPU's float rounding takes it (the default run's 700 steps: 0.43
-# held-out success on an AVX-512 CPU, 0.23 on an AVX2 one, 0.59 under ATEN_CPU_CAPABILITY=default), so
+# part-way policy lands wherever the CPU's float rounding takes it (the default run's 700 steps: 0.375
+# held-out success under ATEN_CPU_CAPABILITY=avx512, 0.195 under avx2, 0.586 under default), so
 # the default run's starting policy ships as built once, on an AVX-512 CPU, and is the same policy on
 # every machine. `ragen2 warmstart` still rebuilds it, into the cache (docs/models.md).
 SHIPPED_DIR = Path(__file__).parent / "shipped"

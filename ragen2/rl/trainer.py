@@ -64,6 +64,7 @@ from ragen2.agent.backends import reuse_prefixes
 from ragen2.agent.prefix_cache import PrefixStore
 from ragen2.agent.rollout import stable_seed
 from ragen2.agent.vllm_backend import VLLMBackend
+from ragen2.cpu_threads import callers_threads_restored
 from ragen2.collapse.alarm import AlarmDecision
 from ragen2.collapse.grad_snr import grad_snr_probe, group_reward_variance
 from ragen2.collapse.online import held_out_proxies
@@ -174,8 +175,9 @@ def train(config: Config, resume_dir: Path | None = None) -> str:
         if roles is not None and not roles.trains:
             serve_rollouts(config, roles)
             return ""
-        with distributed.role(roles.trainers) if roles is not None else contextlib.nullcontext():
-            threads = torch.get_num_threads()  # setup chooses the run's (model.cpu_threads); the caller's come back
+        # setup chooses the run's torch threads (model.cpu_threads); the caller's come back after
+        with distributed.role(roles.trainers) if roles is not None else contextlib.nullcontext(), \
+                callers_threads_restored():
             run = setup(config, resume_dir)
             try:
                 asynchronous = config.async_.enable and config.async_.max_staleness > 0
@@ -187,7 +189,6 @@ def train(config: Config, resume_dir: Path | None = None) -> str:
                     run.agent.close()
                 if run.lock is not None:
                     run.lock.release()
-                torch.set_num_threads(threads)
 
 
 def _train_loop(run: Run) -> None:
