@@ -1,33 +1,23 @@
-"""Figures and a one-page HTML report of a run directory, or of several runs overlaid.
-
-Reads each run's `metrics.jsonl` and `events.jsonl` (see `ragen2.tracking`), `config.yaml` and
-the sample trajectories in `rollouts/step_N.jsonl`, and writes PNGs under `OUT/figures/` plus
-`OUT/report.html`, which shows them with relative paths so the directory can be copied or
-zipped as a whole. OUT is the run directory for one run (see `default_out_dir` for several).
-The page puts the collapse proxies next to token entropy and success on one step axis, because
-the point of the diagnostics is to see the MI proxies fall while entropy looks healthy, before
-success drops (RAGEN-2, arXiv 2604.06268).
+"""The report's figures: one PNG per `FigureSpec` in `FIGURES`, for one run or several overlaid.
 
 Several runs (`ragen2 report RUN1 RUN2 ...`, e.g. filter against no filter) share every line
 panel: one colour per run, named in the legend, and within a run one line style per series.
 Stacked timing bars and gradient-norm bars cannot be overlaid, so those figures get one panel
 per run. `smooth` > 0 draws a trailing moving average over that many logged points, with the raw
 points kept faint behind it; evaluation points (sparse, with error bars) and bars are never smoothed.
+The collapse figure puts the MI proxies next to token entropy and success on one step axis, because
+the point of the diagnostics is to see the proxies fall while entropy looks healthy, before success
+drops (RAGEN-2, arXiv 2604.06268).
 
-Figures and panels whose metrics no run logged are skipped, not drawn empty; the page lists the
-skipped figures. Missing values (null in metrics.jsonl: a collapse proxy a check could not
-support, see `ragen2.collapse.mi_metrics`) are skipped point by point; the summary shows "n/a"
-with the pair count. Figures are built with `matplotlib.figure.Figure`, which renders PNGs with
-the Agg backend and leaves pyplot's global state (and any interactive backend a notebook chose) alone.
+Figures and panels whose metrics no run logged are skipped, not drawn empty (`draw_figures` says
+which, for the page to list). Figures are built with `matplotlib.figure.Figure`, which renders PNGs
+with the Agg backend and leaves pyplot's global state (and any interactive backend a notebook chose)
+alone.
 """
 
 from __future__ import annotations
 
-import fnmatch
-import html
-import json
 import math
-import os
 import re
 import textwrap
 from collections.abc import Callable, Sequence
@@ -36,42 +26,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 from matplotlib.axes import Axes
-from matplotlib.colors import to_hex
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 from matplotlib.transforms import ScaledTranslation
 
-from ragen2.tracking import read_events, read_metrics
-from ragen2.verdict import verdict
-
-FIGURE_DIR = "figures"
-REPORT_FILE = "report.html"
-ROLLOUT_DIR = "rollouts"
-# A sample trajectory's observation or response longer than this is cut in the page (a real
-# model's prompts can run to thousands of tokens; the file in rollouts/ keeps them whole).
-SAMPLE_TEXT_CHARS = 3000
-
-# Columns of the summary table, as in the CLI's end-of-run table (ragen2.rl.summary).
-SUMMARY_COLUMNS = ("first", "last", "max")
-# Rows of the summary table, in this order, when the run logged them.
-SUMMARY_KEYS = (
-    "eval/success_rate",
-    "rollout/success_rate",
-    "rollout/return_mean",
-    "eval/return_mean",
-    "train/entropy",
-    "train/kl",
-    "rollout/response_tokens_mean",
-    "collapse_first_turn/retrieval_acc",
-    "collapse_first_turn/mi_zscore_ema",
-    "collapse_trajectory/retrieval_acc",
-    "collapse_trajectory/mi_zscore_ema",
-    "filter/kept_ratio",
-    "rollout/rv_mean",
-    "timing_s/step",
-)
+from ragen2.report.runs import Metrics, RunData, config_value, eval_success_stderr, is_number, success_verdicts
 
 # Top-level phases of a step in the order it runs them: they add up to `timing_s/step`, so they
 # stack. `generate` runs inside `rollout` and is drawn as the lower part of the rollout bar.
@@ -80,7 +40,6 @@ _GENERATE, _ROLLOUT_REST, _OTHER = "generate", "rollout (excl. generate)", "othe
 THROUGHPUT_KEYS = ("rollout/response_tokens_mean", "rollout/turns_mean", "timing_s/generate")
 
 _BUCKET_KEY = re.compile(r"^grad_snr/bucket(\d+)/")
-_ROLLOUT_FILE = re.compile(r"^step_(\d+)\.jsonl$")
 _FIRST, _TRAJ = "collapse_first_turn", "collapse_trajectory"
 _LINESTYLES = ("-", "--", ":", "-.")
 # A panel whose values spread over less than this fraction of their size holds one value up to float
@@ -92,126 +51,6 @@ CONSTANT_MARGIN = 0.1
 TIMING_OUTLIER = 3.0
 
 
-class Metrics:
-    """Per-key series of a run's step records: finite numbers only, sorted by step."""
-
-    def __init__(self, records: list[dict[str, Any]]) -> None:
-        self.records = sorted(records, key=lambda r: r["step"])
-        columns: dict[str, tuple[list[int], list[float]]] = {}
-        for record in self.records:
-            for key, value in record.items():
-                if key == "step" or not _is_number(value):
-                    continue
-                steps, values = columns.setdefault(key, ([], []))
-                steps.append(record["step"])
-                values.append(float(value))
-        self._columns = {k: (np.asarray(s), np.asarray(v)) for k, (s, v) in columns.items()}
-
-    def has(self, pattern: str) -> bool:
-        """Whether any logged key matches `pattern` (an exact key or a glob such as `timing_s/*`)."""
-        return bool(self.matching(pattern))
-
-    def matching(self, pattern: str) -> list[str]:
-        """Logged keys matching `pattern`, sorted."""
-        return sorted(k for k in self._columns if fnmatch.fnmatchcase(k, pattern))
-
-    def series(self, key: str) -> tuple[np.ndarray, np.ndarray]:
-        """(steps [N], values [N]) of `key`; both empty when it was never logged."""
-        return self._columns.get(key, (np.zeros(0, dtype=int), np.zeros(0)))
-
-    def joint(self, *keys: str) -> tuple[np.ndarray, list[np.ndarray]]:
-        """(steps, one value array per key) at the steps where every one of `keys` was logged."""
-        steps = sorted(set.intersection(*(set(self.series(k)[0].tolist()) for k in keys)))
-        values = []
-        for key in keys:
-            at = dict(zip(*(a.tolist() for a in self.series(key))))
-            values.append(np.asarray([at[s] for s in steps], dtype=float))
-        return np.asarray(steps, dtype=int), values
-
-    def point(self, key: str, index: int) -> tuple[int, float] | None:
-        """(step, value) of the `index`-th point of `key` (0 the first, -1 the latest), or None when never logged."""
-        steps, values = self.series(key)
-        return (int(steps[index]), float(values[index])) if len(steps) else None
-
-    def peak(self, key: str) -> tuple[int, float] | None:
-        """(step, value) of the largest value of `key` (the first, on ties), or None."""
-        steps, values = self.series(key)
-        if not len(steps):
-            return None
-        i = int(np.argmax(values))
-        return int(steps[i]), float(values[i])
-
-
-@dataclass(frozen=True)
-class RunData:
-    """One run directory as the report reads it."""
-
-    path: Path
-    label: str  # legend name: the directory's name (its path where two runs share a name)
-    color: str  # the run's colour in overlays
-    metrics: Metrics
-    events: list[dict[str, Any]]
-    config: dict[str, Any]  # config.yaml; {} when the run has none
-
-
-def load_runs(run_dirs: Sequence[Path]) -> list[RunData]:
-    """Read every run directory; labels are directory names, made unique by the path (and by
-    the position, for a directory given twice)."""
-    paths = [Path(d) for d in run_dirs]
-    names = [p.resolve().name for p in paths]
-    labels = [name if names.count(name) == 1 else str(path) for name, path in zip(names, paths)]
-    labels = [label if labels.count(label) == 1 else f"{label} #{i + 1}" for i, label in enumerate(labels)]
-    runs = []
-    for i, (path, label) in enumerate(zip(paths, labels)):
-        config_path = path / "config.yaml"
-        config = yaml.safe_load(config_path.read_text(encoding="utf-8")) if config_path.is_file() else None
-        runs.append(RunData(path, label, f"C{i % 10}", Metrics(read_metrics(path)), read_events(path),
-                            config if isinstance(config, dict) else {}))
-    return runs
-
-
-def config_value(config: dict[str, Any], dotted: str) -> Any:
-    """The value at a dotted key such as `trainer.eval_episodes`, or None when absent."""
-    node: Any = config
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
-
-
-def eval_success_stderr(run: RunData) -> np.ndarray | None:
-    """Binomial standard error sqrt(p (1 − p) / n) of each point of `eval/success_rate`.
-
-    n is that step's `eval/episodes`, else the config's `trainer.eval_episodes`; None when
-    neither is known, and NaN (no bar) at a step with no n.
-    """
-    steps, p = run.metrics.series("eval/success_rate")
-    logged = dict(zip(*(a.tolist() for a in run.metrics.series("eval/episodes"))))
-    default = config_value(run.config, "trainer.eval_episodes")
-    default = float(default) if _is_number(default) and default > 0 else math.nan
-    if not logged and math.isnan(default):
-        return None
-    n = np.asarray([logged.get(s, default) for s in steps.tolist()], dtype=float)
-    return np.sqrt(p * (1 - p) / n)
-
-
-def success_verdicts(runs: list[RunData]) -> list[str]:
-    """"held-out success, step A → B: 0.250 → 0.700: learned: ..." from each run's first evaluation to its
-    last (`ragen2.verdict`, with `eval_success_stderr`), led by the run's label when there are several;
-    runs with fewer than two evaluations have none."""
-    lines = []
-    for run in runs:
-        steps, p = run.metrics.series("eval/success_rate")
-        if len(steps) < 2:
-            continue
-        stderr = eval_success_stderr(run)
-        se = [None if stderr is None or math.isnan(stderr[i]) else float(stderr[i]) for i in (0, -1)]
-        line = f"held-out success, step {steps[0]} → {steps[-1]}: {verdict(p[0], se[0], p[-1], se[1])}"
-        lines.append(line if len(runs) == 1 else f"{run.label}: {line}")
-    return lines
-
-
 def generation_throughput(run: RunData) -> tuple[np.ndarray, np.ndarray]:
     """(steps, generated tokens per second of `timing_s/generate`) over the whole training batch.
 
@@ -220,7 +59,7 @@ def generation_throughput(run: RunData) -> tuple[np.ndarray, np.ndarray]:
     """
     groups = config_value(run.config, "rollout.num_groups")
     size = config_value(run.config, "rollout.group_size")
-    if not (_is_number(groups) and _is_number(size)) or not all(run.metrics.has(k) for k in THROUGHPUT_KEYS):
+    if not (is_number(groups) and is_number(size)) or not all(run.metrics.has(k) for k in THROUGHPUT_KEYS):
         return np.zeros(0, dtype=int), np.zeros(0)
     steps, (per_turn, turns, seconds) = run.metrics.joint(*THROUGHPUT_KEYS)
     keep = seconds > 0
@@ -297,52 +136,6 @@ class FigureSpec:
         if self.available is not None:
             return self.available(run)
         return any(run.metrics.has(key) for key in self.keys)
-
-
-def default_out_dir(run_dirs: Sequence[Path]) -> Path:
-    """Where a report goes unless told: the run directory itself for one run; for several,
-    `report-A-vs-B` in the working directory (A, B the first two run names), with
-    `-and-N-more` appended past two."""
-    if len(run_dirs) == 1:
-        return Path(run_dirs[0])
-    names = [Path(d).resolve().name for d in run_dirs]
-    more = f"-and-{len(names) - 2}-more" if len(names) > 2 else ""
-    return Path(f"report-{names[0]}-vs-{names[1]}{more}")
-
-
-def write_report(run_dirs: Path | str | Sequence[Path | str], out_dir: Path | None = None, smooth: int = 0) -> Path:
-    """Draw every figure the runs have data for and write `report.html` under `out_dir`
-    (default: `default_out_dir`); return its path. Several runs are overlaid."""
-    dirs = [Path(run_dirs)] if isinstance(run_dirs, (str, os.PathLike)) else [Path(d) for d in run_dirs]
-    if not dirs:
-        raise ValueError("write_report needs at least one run directory")
-    if smooth < 0:
-        raise ValueError(f"smooth is a window of logged points, 0 for none; got {smooth}")
-    out = Path(out_dir) if out_dir is not None else default_out_dir(dirs)
-    runs = load_runs(dirs)
-    fig_dir = out / FIGURE_DIR
-    fig_dir.mkdir(parents=True, exist_ok=True)
-
-    drawn: list[FigureSpec] = []
-    missing: list[FigureSpec] = []
-    for spec in FIGURES:
-        path = fig_dir / f"{spec.name}.png"
-        if not any(spec.drawable(run) for run in runs):
-            if spec.always:
-                missing.append(spec)
-            path.unlink(missing_ok=True)  # a figure left from an older report would mislead
-            continue
-        fig = Figure(dpi=100, layout="constrained")
-        spec.draw(fig, runs, smooth)
-        fig.savefig(path)
-        drawn.append(spec)
-
-    page = out / REPORT_FILE
-    page.write_text(_html(runs, drawn, missing, smooth), encoding="utf-8")
-    return page
-
-
-# ----------------------------------------------------------------------------- figures
 
 
 def _panels(fig: Figure, n: int, height: float = 2.4) -> list[Axes]:
@@ -760,232 +553,26 @@ FIGURES = (  # success first: whether the run learned is the report's first ques
 )
 
 
-# ----------------------------------------------------------------------------- html
-
-_CSS = (
-    "body{font-family:sans-serif;max-width:96em;margin:2em auto;padding:0 1em}"
-    "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.2em .6em;text-align:left}"
-    "td.n{text-align:right;font-family:monospace}img{max-width:100%}"
-    ".figures{display:grid;grid-template-columns:repeat(auto-fill,minmax(34em,1fr));gap:1em;align-items:start}"
-    "figure{margin:0}pre{background:#f6f6f6;padding:.6em;overflow:auto;white-space:pre-wrap}"
-    "details{margin:.3em 0}summary{cursor:pointer}pre.response{background:#eef4ff}"
-)
-
-
-def _html(runs: list[RunData], drawn: list[FigureSpec], missing: list[FigureSpec], smooth: int) -> str:
-    esc = html.escape
-    title = " vs ".join(run.label for run in runs)
-    parts = [
-        "<!doctype html>",
-        '<html><head><meta charset="utf-8">',
-        f"<title>ragen2 report: {esc(title)}</title>",
-        f"<style>{_CSS}</style>",
-        "</head><body>",
-        f"<h1>ragen2 report: {esc(title)}</h1>",
-    ]
-    if len(runs) == 1:
-        parts.append(f"<p>{esc(_extent(runs[0]))}.</p>")
-    else:
-        parts += ["<h2>Runs</h2>", "<table><tr><th>run</th><th>colour</th><th>directory</th><th>logged</th></tr>"]
-        for run in runs:
-            swatch = f'<span style="color:{to_hex(run.color)}">■■■</span>'
-            parts.append(f"<tr><td>{esc(run.label)}</td><td>{swatch}</td><td><code>{esc(str(run.path))}</code></td>"
-                         f"<td>{esc(_extent(run))}</td></tr>")
-        parts.append("</table>")
-        parts += _config_diff_html(runs)
-    if smooth:
-        parts.append(f"<p>Lines are moving averages over the last {smooth} logged points; the raw points are faint "
-                     "behind them. Evaluation points and bars are not smoothed.</p>")
-
-    parts += _summary_html(runs)
-    parts += ["<h2>Figures</h2>", '<div class="figures">']
-    for spec in drawn:
-        src = f"{FIGURE_DIR}/{spec.name}.png"
-        name = esc(spec.title)
-        parts.append(f'<figure><img src="{esc(src)}" alt="{name}"><figcaption>{name}</figcaption></figure>')
-    parts.append("</div>")
-    if missing:
-        parts.append("<p>Not drawn, because no run logged their metrics:</p><ul>")
-        for spec in missing:
-            keys = ", ".join(f"<code>{esc(k)}</code>" for k in spec.keys)
-            parts.append(f"<li>{esc(spec.title)}: {keys}{' (' + esc(spec.needs) + ')' if spec.needs else ''}</li>")
-        parts.append("</ul>")
-
-    events = [(run, e) for run in runs for e in run.events]
-    if events:
-        run_th = "" if len(runs) == 1 else "<th>run</th>"
-        parts += ["<h2>Events</h2>", f"<table><tr>{run_th}<th>step</th><th>kind</th><th>message</th></tr>"]
-        for run, e in events:
-            run_td = "" if len(runs) == 1 else f"<td>{esc(run.label)}</td>"
-            parts.append(
-                f"<tr>{run_td}<td class=n>{esc(str(e['step']))}</td><td>{esc(str(e['kind']))}</td>"
-                f"<td>{esc(str(e.get('message', '')))}</td></tr>"
-            )
-        parts.append("</table>")
-
-    samples = [(run, _trajectories_html(run)) for run in runs]
-    if any(block for _, block in samples):
-        parts.append("<h2>Sample trajectories</h2>")
-        parts.append(f"<p>Held-out evaluation episodes from <code>{ROLLOUT_DIR}/step_N.jsonl</code>, at the first "
-                     "and the last evaluation; each turn shows what the context added since the turn before, "
-                     "then the model's response.</p>")
-        for run, block in samples:
-            if block:
-                parts += ([] if len(runs) == 1 else [f"<h3>{esc(run.label)}</h3>"]) + block
-
-    configs = [(run, run.path / "config.yaml") for run in runs if (run.path / "config.yaml").is_file()]
-    if configs:
-        parts.append("<h2>Config</h2>")
-        for run, path in configs:
-            text = f"<pre>{esc(path.read_text(encoding='utf-8'))}</pre>"
-            parts.append(text if len(runs) == 1 else f"<details><summary>{esc(run.label)}</summary>{text}</details>")
-    parts.append("</body></html>")
-    return "\n".join(parts) + "\n"
-
-
-def _summary_html(runs: list[RunData]) -> list[str]:
-    """The summary: each run's held-out success verdict, then first, last and max of each `SUMMARY_KEYS`
-    metric with their steps (the columns of the CLI's end-of-run table); for several runs one row per
-    metric and a column triple per run, so the runs read side by side."""
-    esc = html.escape
-    rows = {run.label: {key: row for key in SUMMARY_KEYS if (row := _summary_row(run.metrics, key))} for run in runs}
-    keys = [key for key in SUMMARY_KEYS if any(key in rows[run.label] for run in runs)]
-    if not keys:
-        return []
-    parts = ["<h2>Summary</h2>", *(f"<p>{esc(line)}</p>" for line in success_verdicts(runs))]
-    if len(runs) == 1:
-        parts.append("<table><tr><th>metric</th>" + "".join(f"<th>{c}</th><th>at step</th>" for c in SUMMARY_COLUMNS)
-                     + "</tr>")
-        for key in keys:
-            cells = [f"<td class=n>{esc(text)}</td><td class=n>{step}</td>" for text, step in rows[runs[0].label][key]]
-            parts.append(f"<tr><td>{esc(key)}</td>{''.join(cells)}</tr>")
-        return parts + ["</table>"]
-    head = "".join(f"<th colspan=3>{esc(run.label)}</th>" for run in runs)
-    parts += [f"<table><tr><th rowspan=2>metric</th>{head}</tr>",
-              "<tr>" + "".join(f"<th>{c} (step)</th>" for c in SUMMARY_COLUMNS) * len(runs) + "</tr>"]
-    for key in keys:
-        cells = []
-        for run in runs:
-            row = rows[run.label].get(key, [("", "")] * 3)
-            cells += [f"{text} ({step})" if step else text for text, step in row]
-        parts.append(f"<tr><td>{esc(key)}</td>" + "".join(f"<td class=n>{esc(c)}</td>" for c in cells) + "</tr>")
-    return parts + ["</table>"]
-
-
-def _extent(run: RunData) -> str:
-    steps = [r["step"] for r in run.metrics.records]
-    span = f", steps {min(steps)} to {max(steps)}" if steps else ""
-    return f"{len(steps)} logged steps{span}; {len(run.events)} events"
-
-
-def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(node, dict) or not node:
-        return {prefix: node}
-    out: dict[str, Any] = {}
-    for key, value in node.items():
-        out.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
-    return out
-
-
-def config_differences(runs: list[RunData]) -> dict[str, list[Any]]:
-    """Config keys (dotted) whose values are not the same in every run, with each run's value
-    (None where absent); `trainer.run_dir` is left out, the runs' labels already say it."""
-    flat = [_flatten(run.config) for run in runs]
-    keys = sorted({k for f in flat for k in f} - {"trainer.run_dir"})
-    return {k: [f.get(k) for f in flat] for k in keys if any(f.get(k) != flat[0].get(k) for f in flat)}
-
-
-def _config_diff_html(runs: list[RunData]) -> list[str]:
-    diff = config_differences(runs)
-    if not diff:
-        return []
-    esc = html.escape
-    head = "".join(f"<th>{esc(run.label)}</th>" for run in runs)
-    parts = ["<h3>Config keys that differ</h3>", f"<table><tr><th>key</th>{head}</tr>"]
-    for key, values in diff.items():
-        cells = "".join(f"<td><code>{esc(json.dumps(v))}</code></td>" for v in values)
-        parts.append(f"<tr><td><code>{esc(key)}</code></td>{cells}</tr>")
-    parts.append("</table>")
-    return parts
-
-
-def rollout_files(run_dir: Path) -> list[tuple[int, Path]]:
-    """(step, path) of the run's `rollouts/step_N.jsonl`, by step."""
-    folder = Path(run_dir) / ROLLOUT_DIR
-    found = [(int(m.group(1)), p) for p in folder.glob("step_*.jsonl") if (m := _ROLLOUT_FILE.match(p.name))]
-    return sorted(found)
-
-
-def _read_records(path: Path) -> list[dict[str, Any]]:
-    """Rollout records; a line cut short by a killed run is skipped."""
-    records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
+def draw_figures(runs: list[RunData], fig_dir: Path, smooth: int = 0) -> tuple[list[FigureSpec], list[FigureSpec]]:
+    """Write `fig_dir/NAME.png` for every figure of `FIGURES` some run has data for; return (drawn, missing),
+    missing the skipped figures the page should list (`FigureSpec.always`). A skipped figure's PNG left
+    from an older report is deleted, because the page would not show it and the directory would mislead."""
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    drawn: list[FigureSpec] = []
+    missing: list[FigureSpec] = []
+    for spec in FIGURES:
+        path = fig_dir / f"{spec.name}.png"
+        if not any(spec.drawable(run) for run in runs):
+            if spec.always:
+                missing.append(spec)
+            path.unlink(missing_ok=True)
             continue
-        if isinstance(record, dict):
-            records.append(record)
-    return records
-
-
-def _trajectories_html(run: RunData) -> list[str]:
-    """Collapsible episodes of the first and the last rollout file, every text escaped."""
-    files = rollout_files(run.path)
-    shown = dict.fromkeys([files[0], files[-1]]) if files else {}  # one file when there was one evaluation
-    esc = html.escape
-    parts = []
-    for step, path in shown:
-        episodes: dict[Any, list[dict[str, Any]]] = {}
-        for record in _read_records(path):
-            episodes.setdefault(record.get("episode"), []).append(record)
-        for episode, turns in episodes.items():
-            turns.sort(key=lambda r: r.get("turn", 0))
-            rewards = [r["reward"] for r in turns if _is_number(r.get("reward"))]
-            summary = (f"step {step}, episode {episode} (seed {turns[0].get('group')}): {len(turns)} "
-                       f"turn{'' if len(turns) == 1 else 's'}, return {sum(rewards):.3g}")
-            parts.append(f"<details><summary>{esc(summary)}</summary>")
-            context = ""
-            for record in turns:
-                prompt, response = str(record.get("prompt", "")), str(record.get("response", ""))
-                added = prompt[len(context):] if context and prompt.startswith(context) else prompt
-                reward = record.get("reward")
-                parts.append(f"<p>turn {esc(str(record.get('turn')))}, reward {esc(str(reward))}</p>"
-                             f"<pre>{esc(_cut(added))}</pre><pre class=response>{esc(_cut(response))}</pre>")
-                context = prompt + response
-            parts.append("</details>")
-    return parts
-
-
-def _cut(text: str) -> str:
-    extra = len(text) - SAMPLE_TEXT_CHARS
-    return text if extra <= 0 else text[:SAMPLE_TEXT_CHARS] + f"\n… [{extra} more characters]"
-
-
-def _summary_row(metrics: Metrics, key: str) -> list[tuple[str, str]] | None:
-    """[(text, step)] of the first, the last and the max of `key`, or None when the run never logged it.
-
-    A collapse proxy that its first or latest check could not support (logged `num_pairs` but not
-    the proxy: too few pairs or distinct inputs, see `mi_metrics`) shows "n/a (M pairs)" at that
-    check rather than another check's value; the max column keeps the best check that had one.
-    """
-    checks = key.split("/")[0] + "/num_pairs" if key.startswith("collapse_") else None
-
-    def end(index: int) -> tuple[str, str] | None:
-        point, check = metrics.point(key, index), metrics.point(checks, index) if checks else None
-        if check is not None and (point is None or point[0] != check[0]):
-            return f"n/a ({check[1]:.0f} pair{'' if check[1] == 1 else 's'})", str(check[0])
-        return (f"{point[1]:.4g}", str(point[0])) if point is not None else None
-
-    first, last, peak = end(0), end(-1), metrics.peak(key)
-    if first is None or last is None:
-        return None
-    return [first, last, (f"{peak[1]:.4g}", str(peak[0])) if peak is not None else ("n/a", "")]
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        fig = Figure(dpi=100, layout="constrained")
+        spec.draw(fig, runs, smooth)
+        fig.savefig(path)
+        drawn.append(spec)
+    return drawn, missing
 
 
 def _number_or_nan(value: Any) -> float:
-    return float(value) if _is_number(value) else float("nan")
+    return float(value) if is_number(value) else float("nan")
