@@ -30,7 +30,7 @@ import functools
 import json
 import math
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,6 +62,8 @@ ENTROPY_BAND = 0.25  # "entropy stays within a band": late mean within +-25% of 
 DROP = 0.10  # a series "falls" at the first step its 3-point moving average is 10% below its early level
 BOOTSTRAP = 2000
 MI_KEY = "collapse_trajectory/mi_zscore_ema"  # the paper's headline proxy (trajectory MI-ZScore-EMA)
+# The curves most claims draw: held-out success, the headline MI proxy, token entropy.
+CURVE_KEYS = (("eval/success_rate", "eval success"), (MI_KEY, "MI-ZScore-EMA (traj)"), ("train/entropy", "token entropy"))
 RETRIEVAL_KEY = "collapse_first_turn/retrieval_acc"
 DATA_DIR = "results/runs"  # the committed data of every sweep, which the page is made from by default
 RUN_FILES = (STATUS_FILE, "config.yaml", "metrics.jsonl")  # what the page reads of a run, and the data keeps
@@ -256,9 +258,27 @@ def fmt(values: Sequence[float]) -> str:
     return f"{mean:.3g} ± {se:.2g} (n={n})" if n > 1 else f"{mean:.3g} (n=1)"
 
 
+# A sweep-table column -> its heading in the page's tables.
+HEADINGS = {"peak_success": "peak success", "final_success": "final success",
+            "mi_zscore_ema_traj": "final MI-ZScore-EMA (traj)", "mi_est_traj": "final MI-Est (traj)",
+            "retrieval_acc_ft": "final Retrieval-Acc (first turn)", "token_entropy": "token entropy",
+            "train_step_s": "step time (s)", "kept_ratio": "kept groups"}
+
+
+def table_head(labels: Sequence[str], columns: Sequence[str]) -> list[str]:
+    """The head of a Markdown table: the label columns, then the heading of each sweep-table column."""
+    names = [*labels, *(HEADINGS[c] for c in columns)]
+    return ["| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
+
+
 def table_row(labels: Sequence[str], runs: Sequence[Run], columns: Sequence[str]) -> str:
     """A Markdown row: the labels, then `fmt` of each sweep-table column over `runs`."""
     return "| " + " | ".join([*labels, *(fmt([r.row[c] for r in runs]) for c in columns)]) + " |"
+
+
+def table(label: str, groups: dict[str, list[Run]], columns: Sequence[str]) -> list[str]:
+    """A Markdown table of one row per group: its name under `label`, then `fmt` of each column over its runs."""
+    return [*table_head([label], columns), *(table_row([name], runs, columns) for name, runs in groups.items())]
 
 
 def fmt_diff(d: float, se: float) -> str:
@@ -305,6 +325,11 @@ def curves(path: Path, groups: dict[str, list[Run]], keys: Sequence[tuple[str, s
     fig.suptitle(title, fontsize=10)
     fig.savefig(path)
     return path
+
+
+def image(alt: str, path: Path) -> str:
+    """The page's Markdown for the figure at `path` (in the figures folder next to the page)."""
+    return f"![{alt}](figures/{path.name})"
 
 
 def scatter(path: Path, points: dict[str, tuple[list[float], list[float]]], xlabel: str, ylabel: str, title: str) -> Path:
@@ -506,6 +531,28 @@ def not_run(title: str, paper: str, *names: str) -> Claim:
     return Claim(title, paper, "–", "not run", [f"{since}: {commands}, then `python scripts/make_results.py --collect`."])
 
 
+# What a claim of one sweep makes of it: (ours, verdict, body) from the sweep, the figures folder and its own arguments.
+Judge = Callable[..., tuple[str, str, list[str]]]
+
+
+def sweep_claim(name: str, title: str, paper: str) -> Callable[[Judge], Callable[..., Claim]]:
+    """The claim `title` of sweep `name`, from a judge of that sweep: called with the finished sweeps, the figures
+    folder and the judge's other arguments, it is `not_run` where `name` is not among them."""
+    def claim(judge: Judge) -> Callable[..., Claim]:
+        @functools.wraps(judge)
+        def judged(sweeps: dict[str, Sweep], figures: Path, *args: Any) -> Claim:
+            if name not in sweeps:
+                return not_run(title, paper, name)
+            return Claim(title, paper, *judge(sweeps[name], figures, *args))
+        return judged
+    return claim
+
+
+def runs_from(sweep: Sweep) -> str:
+    """Where a claim's runs are and what they are, for the first line of its body: `sweeps/NAME` (description)."""
+    return f"`sweeps/{sweep.name}` ({sweep.description.rstrip('.')})"
+
+
 COLLAPSE_HEADER = [
     "| filter | Δ token entropy (relative) | Δ Retrieval-Acc (first turn) | Δ MI-ZScore-EMA (traj) | Δ eval success | "
     "MI falls at step | success falls at step |",
@@ -542,21 +589,18 @@ def longer_collapse(sweep: Sweep | None) -> list[str]:
     for r in runs:
         groups.setdefault(r.labels["filter"], []).append(r)
     return [
-        f"Also tried, to give collapse more room: `sweeps/{sweep.name}` ({sweep.description.rstrip('.')}); {status}.",
+        f"Also tried, to give collapse more room: {runs_from(sweep)}; {status}.",
         "", *COLLAPSE_HEADER, *(collapse_row(name, rs) for name, rs in groups.items()), "",
     ]
 
 
-def collapse_claim(sweeps: dict[str, Sweep], figures: Path, model_figures: bool, rv_groups: int,
-                   longer: Sweep | None = None) -> Claim:
-    title, paper = "Template collapse: MI falls while entropy holds, and MI falls first", \
-        "entropy stays stable while MI proxies fall; MI drops before success"
-    if "collapse" not in sweeps:
-        return not_run(title, paper, "collapse")
-    sweep = sweeps["collapse"]
+@sweep_claim("collapse", "Template collapse: MI falls while entropy holds, and MI falls first",
+             "entropy stays stable while MI proxies fall; MI drops before success")
+def collapse_claim(sweep: Sweep, figures: Path, model_figures: bool, rv_groups: int,
+                   longer: Sweep | None = None) -> tuple[str, str, list[str]]:
     groups = sweep.groups("filter")
     body = [
-        f"Runs: `sweeps/collapse` ({sweep.description.rstrip('.')}). Changes are the late minus the early level of each "
+        f"Runs: {runs_from(sweep)}. Changes are the late minus the early level of each "
         "run (mean of the last quarter of its logged values minus the mean of the first quarter); mean ± SE over seeds.",
         "",
         *COLLAPSE_HEADER,
@@ -595,23 +639,22 @@ def collapse_claim(sweeps: dict[str, Sweep], figures: Path, model_figures: bool,
     keys = [("eval/success_rate", "eval success"), (MI_KEY, "MI-ZScore-EMA (traj)"),
             (RETRIEVAL_KEY, "Retrieval-Acc (first turn)"), ("train/entropy", "token entropy"),
             ("collapse_first_turn/reasoning_entropy", "reasoning entropy H(Z)")]
-    body.append(f"![collapse curves](figures/{curves(figures / 'collapse_curves.png', groups, keys, 'Collapse experiment').name})")
+    body.append(image("collapse curves", curves(figures / "collapse_curves.png", groups, keys, "Collapse experiment")))
     bars = grad_snr_bars(figures / "collapse_grad_snr.png", verdict_runs)
     if bars:
         body += ["", "Gradient norms per reward-variance bucket (filter = none, last probe of each run):", "",
-                 f"![gradient SNR](figures/{bars.name})"]
+                 image("gradient SNR", bars)]
     if model_figures:
         data = sweep.model_figures or model_figure_data(sweep, rv_groups)  # committed, else from the checkpoints
         maps, why_not = heatmaps(figures, data["heatmaps"], "collapse")
         body += ["", "Scoring matrices of the first and the last evaluation's sampled episodes (filter = none, first "
                  "seed), each scored by the policy that played them; a bright diagonal is input-dependent reasoning:",
-                 "", *(f"![{p.stem}](figures/{p.name})" for p in maps)] if maps else ["", f"No heatmaps: {why_not}."]
+                 "", *(image(p.stem, p) for p in maps)] if maps else ["", f"No heatmaps: {why_not}."]
         hist = rv_histogram(figures / "collapse_rv_histogram.png", data["rv_histogram"])
         if hist:
             body += ["", "Reward variance of fresh groups, initial policy vs each condition's final checkpoint "
-                     "(first seed):", "", f"![RV histogram](figures/{hist.name})"]
-    return Claim(title, paper, f"ΔMI-ZScore-EMA {fmt_diff(mean, se)}; entropy {'in' if in_band else 'out of'} band; {timing}",
-                 verdict, body)
+                     "(first seed):", "", image("RV histogram", hist)]
+    return f"ΔMI-ZScore-EMA {fmt_diff(mean, se)}; entropy {'in' if in_band else 'out of'} band; {timing}", verdict, body
 
 
 MECHANISM_PAPER = ("with the task gradient gone, KL / entropy updates make MI fall while entropy need not; MI falls as the "
@@ -624,16 +667,18 @@ MECHANISM_SWEEPS = {"mechanism": "", "smollm2_mechanism": ", on a pretrained LM 
 def mechanism_claim(sweeps: dict[str, Sweep], figures: Path, name: str = "mechanism") -> Claim:
     """Regulariser-only updates against the no-update control; with task-on runs in the sweep, also MI against the
     coefficient (a sweep without them is judged on the first part alone)."""
-    title, paper = f"Regularisers alone erase input dependence{MECHANISM_SWEEPS[name]}", MECHANISM_PAPER
-    if name not in sweeps:
-        return not_run(title, paper, name)
-    sweep = sweeps[name]
+    title = f"Regularisers alone erase input dependence{MECHANISM_SWEEPS[name]}"
+    return sweep_claim(name, title, MECHANISM_PAPER)(_mechanism)(sweeps, figures)
+
+
+def _mechanism(sweep: Sweep, figures: Path) -> tuple[str, str, list[str]]:
+    name = sweep.name
     cells: dict[tuple[float, float, float], list[Run]] = {}  # (task advantage scale, entropy coef, KL coef) -> runs
     for run in sweep.runs:
         a = run.config["algo"]
         cells.setdefault((a["task_advantage_scale"], a["entropy_coef"], a["kl_coef"]), []).append(run)
     body = [
-        f"Runs: `sweeps/{name}` ({sweep.description.rstrip('.')}). Changes are late minus early levels (as above); "
+        f"Runs: {runs_from(sweep)}. Changes are late minus early levels (as above); "
         "mean ± SE over seeds.",
         "",
         "| task advantage × | entropy coef | KL coef | Δ MI-ZScore-EMA (traj) | Δ Retrieval-Acc (first turn) | "
@@ -669,10 +714,9 @@ def mechanism_claim(sweeps: dict[str, Sweep], figures: Path, name: str = "mechan
             "",
             result + ".",
             "",
-            f"![{name}](figures/{path.name})",
+            image(name, path),
         ]
-        return Claim(title, paper, f"regulariser-only vs control ΔMI {fmt_diff(d, se)}, entropy {entropy_mean:+.3g}",
-                     verdict, body)
+        return f"regulariser-only vs control ΔMI {fmt_diff(d, se)}, entropy {entropy_mean:+.3g}", verdict, body
     coef = [_coef(r) for r in task_on]
     rho = spearman_ci(coef, [r.row["mi_zscore_ema_traj"] for r in task_on])
     if d < 0 and significant(d, se):
@@ -698,11 +742,12 @@ def mechanism_claim(sweeps: dict[str, Sweep], figures: Path, name: str = "mechan
         points[f"task advantage × {scale:g}"] = ([_coef(r) for r in runs], [change(r, MI_KEY) for r in runs])
     path = scatter(figures / "mechanism_mi_vs_coef.png", points, "entropy coef + KL coef", "Δ MI-ZScore-EMA (traj)",
                    "MI change against the regulariser coefficient")
-    body.append(f"![MI vs coefficient](figures/{path.name})")
-    return Claim(title, paper, f"regulariser-only vs control ΔMI {fmt_diff(d, se)}; ρ(coef, MI) = {fmt_rho(*rho)}",
-                 verdict, body)
+    body.append(image("MI vs coefficient", path))
+    return f"regulariser-only vs control ΔMI {fmt_diff(d, se)}; ρ(coef, MI) = {fmt_rho(*rho)}", verdict, body
 
 
+FILTER_COLUMNS = ("peak_success", "final_success", "mi_zscore_ema_traj", "retrieval_acc_ft", "token_entropy",
+                  "train_step_s", "kept_ratio")
 FILTER_PAPER = {"sokoban": "12.9 → 28.9", "frozenlake": "67.0 → 77.9", "countdown": "97.9 → 97.9"}
 # Sweep -> (environment, what the title adds about the setting, a note on how it ran).
 FILTER_SWEEPS = {
@@ -743,57 +788,52 @@ def filter_claims(sweeps: dict[str, Sweep], figures: Path) -> list[Claim]:
     for name, (env, setting, note) in FILTER_SWEEPS.items():
         title = f"SNR-aware filtering on {env}{setting}: peak success, MI, step time"
         paper = f"peak success % (PPO, no filter → filter) {FILTER_PAPER[env]}; step time −26 to −41%"
-        if name not in sweeps:
-            claims.append(not_run(title, paper, name))
-            continue
-        sweep = sweeps[name]
-        algos = sorted({r.labels.get("algo.name", "grpo") for r in sweep.runs})
-        body = [
-            f"Runs: `sweeps/{name}` ({sweep.description.rstrip('.')}). Mean ± SE over seeds; step time is the training step "
-            f"without evaluation and checkpoint.{note}",
-            "",
-            "| algo | filter | peak success | final success | final MI-ZScore-EMA (traj) | final Retrieval-Acc (first turn) | "
-            "token entropy | step time (s) | kept groups |",
-            "|---|---|---|---|---|---|---|---|---|",
-        ]
-        verdicts, ours = [], []
-        for algo in algos:
-            by_filter = {f: [r for r in runs if r.labels.get("algo.name", "grpo") == algo]
-                         for f, runs in sweep.groups("filter").items()}
-            for f, runs in by_filter.items():
-                body.append(table_row([algo, f], runs, (
-                    "peak_success", "final_success", "mi_zscore_ema_traj", "retrieval_acc_ft", "token_entropy",
-                    "train_step_s", "kept_ratio")))
-            paper_runs, none_runs = by_filter.get("paper", []), by_filter.get("none", [])
-            d, se = difference([r.row["peak_success"] for r in paper_runs], [r.row["peak_success"] for r in none_runs])
-            time_ratio = mean_se([r.row["train_step_s"] for r in paper_runs])[0] / mean_se(
-                [r.row["train_step_s"] for r in none_runs])[0]
-            verdicts.append("reproduced" if d > 0 and significant(d, se) else "partly" if d > 0 else "not reproduced")
-            final = difference([r.row["final_success"] for r in paper_runs], [r.row["final_success"] for r in none_runs])
-            ours.append(f"{algo}: peak success {fmt_diff(d, se)} (final {fmt_diff(*final)}, not in the verdict), "
-                        f"step time ×{time_ratio:.2f}")
-        order = ("not reproduced", "partly", "reproduced")
-        verdict = min(verdicts, key=order.index) if env != "countdown" else (
-            "reproduced" if all(v != "not reproduced" for v in verdicts) else "partly")
-        body += [
-            "",
-            f"Criteria: *reproduced* when the filter's mean peak success is higher than no filter's by more than "
-            f"{SIGNIFICANT_SE:g} standard errors of the difference (for every algorithm run); *partly* when higher by "
-            "less; *not reproduced* when not higher. Countdown, where the paper's filter changes nothing (97.9 both), "
-            "counts as reproduced unless the filter is worse. Step time is reported as the ratio filter / no filter.",
-            "",
-            "Result: " + "; ".join(ours) + ".",
-            "",
-        ]
-        groups: dict[str, list[Run]] = {}
-        for r in sweep.runs:
-            groups.setdefault(f"{r.labels.get('algo.name', 'grpo')}, {r.labels['filter']}", []).append(r)
-        keys = [("eval/success_rate", "eval success"), (MI_KEY, "MI-ZScore-EMA (traj)"), ("train/entropy", "token entropy"),
-                ("timing_s/step", "step time (s)")]
-        path = curves(figures / f"{name}_curves.png", groups, keys, f"Filter vs none on {env}")
-        body.append(f"![{name}](figures/{path.name})")
-        claims.append(Claim(title, paper, "; ".join(ours), verdict, body))
+        claims.append(sweep_claim(name, title, paper)(_filter)(sweeps, figures, env, note))
     return claims
+
+
+def _filter(sweep: Sweep, figures: Path, env: str, note: str) -> tuple[str, str, list[str]]:
+    name = sweep.name
+    algos = sorted({r.labels.get("algo.name", "grpo") for r in sweep.runs})
+    body = [
+        f"Runs: {runs_from(sweep)}. Mean ± SE over seeds; step time is the training step "
+        f"without evaluation and checkpoint.{note}",
+        "",
+        *table_head(["algo", "filter"], FILTER_COLUMNS),
+    ]
+    verdicts, ours = [], []
+    for algo in algos:
+        by_filter = {f: [r for r in runs if r.labels.get("algo.name", "grpo") == algo]
+                     for f, runs in sweep.groups("filter").items()}
+        for f, runs in by_filter.items():
+            body.append(table_row([algo, f], runs, FILTER_COLUMNS))
+        paper_runs, none_runs = by_filter.get("paper", []), by_filter.get("none", [])
+        d, se = difference([r.row["peak_success"] for r in paper_runs], [r.row["peak_success"] for r in none_runs])
+        time_ratio = mean_se([r.row["train_step_s"] for r in paper_runs])[0] / mean_se(
+            [r.row["train_step_s"] for r in none_runs])[0]
+        verdicts.append("reproduced" if d > 0 and significant(d, se) else "partly" if d > 0 else "not reproduced")
+        final = difference([r.row["final_success"] for r in paper_runs], [r.row["final_success"] for r in none_runs])
+        ours.append(f"{algo}: peak success {fmt_diff(d, se)} (final {fmt_diff(*final)}, not in the verdict), "
+                    f"step time ×{time_ratio:.2f}")
+    order = ("not reproduced", "partly", "reproduced")
+    verdict = min(verdicts, key=order.index) if env != "countdown" else (
+        "reproduced" if all(v != "not reproduced" for v in verdicts) else "partly")
+    body += [
+        "",
+        f"Criteria: *reproduced* when the filter's mean peak success is higher than no filter's by more than "
+        f"{SIGNIFICANT_SE:g} standard errors of the difference (for every algorithm run); *partly* when higher by "
+        "less; *not reproduced* when not higher. Countdown, where the paper's filter changes nothing (97.9 both), "
+        "counts as reproduced unless the filter is worse. Step time is reported as the ratio filter / no filter.",
+        "",
+        "Result: " + "; ".join(ours) + ".",
+        "",
+    ]
+    groups: dict[str, list[Run]] = {}
+    for r in sweep.runs:
+        groups.setdefault(f"{r.labels.get('algo.name', 'grpo')}, {r.labels['filter']}", []).append(r)
+    keys = [*CURVE_KEYS, ("timing_s/step", "step time (s)")]
+    body.append(image(name, curves(figures / f"{name}_curves.png", groups, keys, f"Filter vs none on {env}")))
+    return "; ".join(ours), verdict, body
 
 
 # (treatment, baseline, title, the published claim): the turn-level credit comparisons, on each environment.
@@ -807,28 +847,19 @@ TURN_CREDIT_ENVS = ("frozenlake", "sokoban")
 
 
 def turn_credit_claims(sweeps: dict[str, Sweep], figures: Path) -> list[Claim]:
-    claims = []
-    for env in TURN_CREDIT_ENVS:
-        name = f"turn_credit_{env}"
-        if name not in sweeps:
-            claims += [not_run(title.format(env=env), paper, name) for _, _, title, paper in TURN_CREDIT]
-            continue
-        claims += [_turn_credit_claim(sweeps[name], name, env, figures, *comparison) for comparison in TURN_CREDIT]
-    return claims
+    return [sweep_claim(f"turn_credit_{env}", title.format(env=env), paper)(_turn_credit)(sweeps, figures, env, treatment, baseline)
+            for env in TURN_CREDIT_ENVS for treatment, baseline, title, paper in TURN_CREDIT]
 
 
-def _turn_credit_claim(sweep: Sweep, name: str, env: str, figures: Path, treatment: str, baseline: str, title: str,
-                       paper: str) -> Claim:
+def _turn_credit(sweep: Sweep, figures: Path, env: str, treatment: str, baseline: str) -> tuple[str, str, list[str]]:
+    name = sweep.name
     by_estimator = sweep.groups("estimator")
     runs = {label: by_estimator.get(label, []) for label in (baseline, treatment)}
     body = [
-        f"Runs: `sweeps/{name}` ({sweep.description.rstrip('.')}). Mean ± SE over seeds.",
+        f"Runs: {runs_from(sweep)}. Mean ± SE over seeds.",
         "",
-        "| estimator | peak success | final success | final MI-ZScore-EMA (traj) | final Retrieval-Acc (first turn) | "
-        "token entropy | step time (s) |",
-        "|---|---|---|---|---|---|---|",
-        *(table_row([label], group, ("peak_success", "final_success", "mi_zscore_ema_traj", "retrieval_acc_ft",
-                                     "token_entropy", "train_step_s")) for label, group in runs.items()),
+        *table("estimator", runs, ("peak_success", "final_success", "mi_zscore_ema_traj", "retrieval_acc_ft",
+                                   "token_entropy", "train_step_s")),
     ]
     d, se = difference([r.row["final_success"] for r in runs[treatment]], [r.row["final_success"] for r in runs[baseline]])
     verdict = "reproduced" if d > 0 and significant(d, se) else "partly" if d > 0 else "not reproduced"
@@ -845,28 +876,25 @@ def _turn_credit_claim(sweep: Sweep, name: str, env: str, figures: Path, treatme
     keys = [("eval/success_rate", "eval success"), ("turns/reward_var_1", "reward variance, turn 1"),
             ("turns/reward_var_2", "reward variance, turn 2"), ("collapse_turn_2/mi_zscore_ema", "MI-ZScore-EMA, turn 2")]
     path = curves(figures / f"{name}_{treatment}_curves.png", runs, keys, f"{treatment} vs {baseline} on {env}")
-    body.append(f"![{treatment} vs {baseline}](figures/{path.name})")
-    return Claim(title.format(env=env), paper, ours, verdict, body)
+    body.append(image(f"{treatment} vs {baseline}", path))
+    return ours, verdict, body
 
 
-def quartile_claim(sweeps: dict[str, Sweep], figures: Path) -> Claim:
-    title, paper = "RV quartiles (Table 6)", "training on the highest-RV quarter (Q1) gives the best success and highest MI"
-    if "quartiles" not in sweeps:
-        return not_run(title, paper, "quartiles")
-    sweep = sweeps["quartiles"]
+@sweep_claim("quartiles", "RV quartiles (Table 6)",
+             "training on the highest-RV quarter (Q1) gives the best success and highest MI")
+def quartile_claim(sweep: Sweep, figures: Path) -> tuple[str, str, list[str]]:
     groups = sweep.groups("filter.value")
-    body = [f"Runs: `sweeps/quartiles` ({sweep.description.rstrip('.')}). Mean ± SE over seeds.", "",
-            "| quartile | peak success | final success | final MI-ZScore-EMA (traj) | final Retrieval-Acc (first turn) | "
-            "token entropy |", "|---|---|---|---|---|---|"]
-    for q, runs in sorted(groups.items(), key=lambda kv: float(kv[0])):
-        body.append(table_row([f"Q{int(float(q))}"], runs, (
-            "peak_success", "final_success", "mi_zscore_ema_traj", "retrieval_acc_ft", "token_entropy")))
+    named = {f"Q{int(float(k))}": v for k, v in sorted(groups.items(), key=lambda kv: float(kv[0]))}
+    body = [f"Runs: {runs_from(sweep)}. Mean ± SE over seeds.", "",
+            *table("quartile", named, ("peak_success", "final_success", "mi_zscore_ema_traj", "retrieval_acc_ft",
+                                       "token_entropy"))]
     q = [float(r.labels["filter.value"]) for r in sweep.runs]
     rho_success = spearman_ci(q, [r.row["peak_success"] for r in sweep.runs])
     rho_mi = spearman_ci(q, [r.row["mi_zscore_ema_traj"] for r in sweep.runs])
     means = {label: mean_se([r.row["peak_success"] for r in runs])[0] for label, runs in groups.items()}
     best = max(means, key=lambda k: means[k]) if means else None
     q1_best = best is not None and float(best) == 1
+    best_q = f"Q{int(float(best))}" if best else "Q–"
     if q1_best and rho_success[2] < 0:
         verdict = "reproduced"
     elif q1_best or (math.isfinite(rho_success[0]) and rho_success[0] < 0):
@@ -879,29 +907,20 @@ def quartile_claim(sweeps: dict[str, Sweep], figures: Path) -> Claim:
         "runs is negative with its 95% bootstrap interval below 0; *partly* when only one of the two, or ρ < 0 "
         "without the interval; *not reproduced* otherwise.",
         "",
-        f"Result: best mean peak success in Q{int(float(best)) if best else '–'}; ρ(quartile, peak success) = "
+        f"Result: best mean peak success in {best_q}; ρ(quartile, peak success) = "
         f"{fmt_rho(*rho_success)}; ρ(quartile, final MI-ZScore-EMA) = {fmt_rho(*rho_mi)}.",
         "",
     ]
-    keys = [("eval/success_rate", "eval success"), (MI_KEY, "MI-ZScore-EMA (traj)"), ("train/entropy", "token entropy")]
-    named = {f"Q{int(float(k))}": v for k, v in sorted(groups.items(), key=lambda kv: float(kv[0]))}
-    body.append(f"![quartiles](figures/{curves(figures / 'quartiles_curves.png', named, keys, 'RV quartiles').name})")
-    return Claim(title, paper, f"best Q{int(float(best)) if best else '–'}; ρ(q, peak success) = {fmt_rho(*rho_success)}",
-                 verdict, body)
+    figure = image("quartiles", curves(figures / "quartiles_curves.png", named, CURVE_KEYS, "RV quartiles"))
+    return f"best {best_q}; ρ(q, peak success) = {fmt_rho(*rho_success)}", verdict, [*body, figure]
 
 
-def levels_claim(sweeps: dict[str, Sweep], figures: Path) -> Claim:
-    title, paper = "Prompt- vs trajectory-level filtering (Table 7)", "prompt level keeps MI (1.80) where trajectory level loses it (0.20)"
-    if "levels" not in sweeps:
-        return not_run(title, paper, "levels")
-    sweep = sweeps["levels"]
+@sweep_claim("levels", "Prompt- vs trajectory-level filtering (Table 7)",
+             "prompt level keeps MI (1.80) where trajectory level loses it (0.20)")
+def levels_claim(sweep: Sweep, figures: Path) -> tuple[str, str, list[str]]:
     groups = sweep.groups("level")
-    body = [f"Runs: `sweeps/levels` ({sweep.description.rstrip('.')}). Mean ± SE over seeds.", "",
-            "| level | final MI-ZScore-EMA (traj) | final MI-Est (traj) | final Retrieval-Acc (first turn) | peak success | "
-            "step time (s) |", "|---|---|---|---|---|---|"]
-    for level, runs in groups.items():
-        body.append(table_row([level], runs, (
-            "mi_zscore_ema_traj", "mi_est_traj", "retrieval_acc_ft", "peak_success", "train_step_s")))
+    body = [f"Runs: {runs_from(sweep)}. Mean ± SE over seeds.", "",
+            *table("level", groups, ("mi_zscore_ema_traj", "mi_est_traj", "retrieval_acc_ft", "peak_success", "train_step_s"))]
     d, se = difference([r.row["mi_zscore_ema_traj"] for r in groups.get("prompt", [])],
                        [r.row["mi_zscore_ema_traj"] for r in groups.get("trajectory", [])])
     verdict = "reproduced" if d > 0 and significant(d, se) else "partly" if d > 0 else "not reproduced"
@@ -914,18 +933,14 @@ def levels_claim(sweeps: dict[str, Sweep], figures: Path) -> Claim:
         f"Result: prompt minus trajectory level, final MI-ZScore-EMA {fmt_diff(d, se)}.",
         "",
     ]
-    keys = [("eval/success_rate", "eval success"), (MI_KEY, "MI-ZScore-EMA (traj)"), ("train/entropy", "token entropy")]
-    body.append(f"![levels](figures/{curves(figures / 'levels_curves.png', groups, keys, 'Prompt vs trajectory level').name})")
-    return Claim(title, paper, f"prompt − trajectory ΔMI-ZScore-EMA {fmt_diff(d, se)}", verdict, body)
+    body.append(image("levels", curves(figures / "levels_curves.png", groups, CURVE_KEYS, "Prompt vs trajectory level")))
+    return f"prompt − trajectory ΔMI-ZScore-EMA {fmt_diff(d, se)}", verdict, body
 
 
-def external_claim(sweeps: dict[str, Sweep], figures: Path) -> Claim:
+@sweep_claim("external_frozenlake", "Another suite's game trains end to end: TextArena FrozenLake from its warm start",
+             "– (not a paper claim: RL raises held-out success on an adapted environment, with the proxies watched)")
+def external_claim(sweep: Sweep, figures: Path) -> tuple[str, str, list[str]]:
     """RL on a game ragen2 did not write (TextArena's FrozenLake), from the tiny policy warm-started on its solver."""
-    title = "Another suite's game trains end to end: TextArena FrozenLake from its warm start"
-    paper = "– (not a paper claim: RL raises held-out success on an adapted environment, with the proxies watched)"
-    if "external_frozenlake" not in sweeps:
-        return not_run(title, paper, "external_frozenlake")
-    sweep = sweeps["external_frozenlake"]
     runs = sweep.runs
     first = [r.series("eval/success_rate")[1][0] for r in runs]
     best = [r.row["peak_success"] for r in runs]
@@ -934,7 +949,7 @@ def external_claim(sweeps: dict[str, Sweep], figures: Path) -> Claim:
     d, se, _ = mean_se(gains)  # paired: each run against its own start
     verdict = "reproduced" if d > 0 and significant(d, se) else "partly" if d > 0 else "not reproduced"
     body = [
-        f"Runs: `sweeps/external_frozenlake` ({sweep.description.rstrip('.')}). The environment is TextArena's own "
+        f"Runs: {runs_from(sweep)}. The environment is TextArena's own "
         "FrozenLake (`textarena:FrozenLake-v0`, its text and rules) through ragen2's adapter; the policy is "
         "`tiny:textarena:FrozenLake-v0`, warm-started on the adapter's solver demonstrations "
         "(`ragen2 warmstart --envs textarena:FrozenLake-v0`). Mean ± SE over seeds; success is on held-out seeds.",
@@ -958,8 +973,8 @@ def external_claim(sweeps: dict[str, Sweep], figures: Path) -> Claim:
             ("train/entropy", "token entropy")]
     path = curves(figures / "external_frozenlake_curves.png", {"grpo, paper filter": runs}, keys,
                   "TextArena FrozenLake from its warm start")
-    body.append(f"![external_frozenlake](figures/{path.name})")
-    return Claim(title, paper, f"held-out success {fmt(first)} → {fmt(last)} ({fmt_diff(d, se)})", verdict, body)
+    body.append(image("external_frozenlake", path))
+    return f"held-out success {fmt(first)} → {fmt(last)} ({fmt_diff(d, se)})", verdict, body
 
 
 MIX_TRAINED = ("sokoban", "frozenlake", "bandit")  # planning-mix's training tags; its other eval tags are variants
@@ -971,21 +986,18 @@ def _first_last(run: Run, key: str) -> tuple[float, float]:
     return (float(values[0]), float(values[-1])) if len(values) else (math.nan, math.nan)
 
 
-def mixture_claim(sweeps: dict[str, Sweep], figures: Path) -> Claim:
+@sweep_claim("planning_mix", "Several environments in one run: planning-mix in and out of distribution",
+             "– (not a paper claim: RAGEN trains on tagged mixtures and validates out of distribution; a reasoning "
+             "template that ignores its input should fail out of distribution first)")
+def mixture_claim(sweep: Sweep, figures: Path) -> tuple[str, str, list[str]]:
     """planning-mix with and without the filter: per tag, held-out success and held-out input dependence from step 0
     to the end; across runs and out-of-distribution tags, whether the two move together."""
-    title = "Several environments in one run: planning-mix in and out of distribution"
-    paper = ("– (not a paper claim: RAGEN trains on tagged mixtures and validates out of distribution; a reasoning "
-             "template that ignores its input should fail out of distribution first)")
-    if "planning_mix" not in sweeps:
-        return not_run(title, paper, "planning_mix")
-    sweep = sweeps["planning_mix"]
     groups = sweep.groups("filter")
     tags = [k.split("/")[1] for k in sweep.runs[0].records[0] if k.count("/") == 2 and k.startswith("eval/")
             and k.endswith("/success_rate")]
     ood = [t for t in tags if t not in MIX_TRAINED]
     body = [
-        f"Runs: `sweeps/planning_mix` ({sweep.description.rstrip('.')}). Per tag: held-out success (and pass@8, a "
+        f"Runs: {runs_from(sweep)}. Per tag: held-out success (and pass@8, a "
         "success among a seed's 8 episodes) and the first-turn Retrieval-Acc of held-out episodes "
         "(`collapse_eval/<tag>/retrieval_acc`: each tag's reasonings against its own 8 held-out prompts, chance "
         "1/8), at step 0 and at the last step, and the training batches' first-turn Retrieval-Acc within the tag at "
@@ -1035,8 +1047,8 @@ def mixture_claim(sweeps: dict[str, Sweep], figures: Path) -> Claim:
     path = scatter(figures / "planning_mix_ood.png", points, "Δ held-out success (step 0 → end)",
                    "Δ held-out Retrieval-Acc (first turn)",
                    "planning-mix, out-of-distribution tags: one point per run")
-    body.append(f"![planning_mix](figures/{path.name})")
-    return Claim(title, paper, f"ood Δ Retrieval-Acc vs Δ success ρ = {fmt_rho(*rho)}", verdict, body)
+    body.append(image("planning_mix", path))
+    return f"ood Δ Retrieval-Acc vs Δ success ρ = {fmt_rho(*rho)}", verdict, body
 
 
 PROXIES = (
@@ -1098,7 +1110,7 @@ def correlation_claim(sweeps: dict[str, Sweep], figures: Path) -> Claim:
         "",
     ]
     path = rho_bars(figures / "correlation.png", rows, "Spearman ρ with final success, all runs (95% bootstrap CI)")
-    body.append(f"![correlations](figures/{path.name})")
+    body.append(image("correlations", path))
     return Claim(title, paper, f"traj MI-ZScore-EMA ρ = {fmt_rho(*mi)}", verdict, body)
 
 
