@@ -143,19 +143,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if latest.is_file():  # a run directory: its latest checkpoint
         model = str(Path(model) / "checkpoints" / latest.read_text().strip())
     check_model_name(model, f"model {model}")  # a mistyped hub name fails before torch loads
-    from ragen2.eval_envs import evaluate_envs_cli, parse_env
-    from ragen2.evaluate import evaluate_cli
+    from ragen2.eval_cli import evaluate_cli, parse_env
     from ragen2.models.loading import check_model_path
 
     envs = [e for text in args.env or ["sokoban"] for e in parse_env(text)]
     check_model_path(model, f"model {model}")  # before the model loads, with the file that is wrong
-    common = dict(model=model, episodes=args.episodes, temperature=args.temperature, device=args.device,
-                  overrides=args.overrides, out=Path(args.out) if args.out else None,
-                  compare_random=not args.no_random, samples=args.samples)
-    if len(envs) == 1 and not envs[0].kwargs:
-        result = evaluate_cli(env_name=envs[0].name, **common)
-    else:
-        result = evaluate_envs_cli(envs=envs, **common)
+    result = evaluate_cli(model, envs, args.episodes, args.temperature, args.device, args.overrides,
+                          Path(args.out) if args.out else None, compare_random=not args.no_random,
+                          samples=args.samples)
     print(result["table"])
     if result["transcripts"]:
         print("\n" + result["transcripts"] + "\n")

@@ -3,13 +3,14 @@
 Also what eval and training save of sample episodes, so a rate can be read next to what the model
 said: rollout records (the format `ragen2 diagnose` reads), transcripts, and the results
 directories of `ragen2 eval` and `ragen2 diagnose`.
+
+It evaluates a policy its caller has loaded (the trainer's, the warm start's) and loads none itself, so
+`ragen2.models` may use it; the `ragen2 eval` command, which loads the model, is `ragen2.eval_cli`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import logging
 import math
 import re
 import time
@@ -17,25 +18,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ragen2 import envs
 from ragen2.agent.backends import HFBackend
 from ragen2.agent.rollout import RolloutConfig, group_seeds, rollout, summarize
 from ragen2.agent.types import Trajectory, Turn
-from ragen2.errors import ConfigError
-from ragen2.mixture import TaggedEnv, is_mixture, tagged_metrics
-from ragen2.progress import heartbeat
-from ragen2.tracking import METRICS_FILE, read_metrics
-from ragen2.verdict import LEARNED, VS_RANDOM, binomial_se, verdict
+from ragen2.mixture import TaggedEnv, tagged_metrics
 
 if TYPE_CHECKING:
-    from ragen2.config import Config, EnvConfig
     from ragen2.serve.agent_loop import AgentRunner
     from ragen2.serve.batcher import Sampling
-
-log = logging.getLogger(__name__)
 
 
 def evaluate(
@@ -265,133 +258,3 @@ def short_transcript(traj: Trajectory, max_turns: int = 3, width: int = 160) -> 
     if traj.error:
         lines.append(f"  environment error: {cut(traj.error)}")
     return "\n".join(lines)
-
-
-# Episodes of `ragen2 eval` shown on the terminal, the first of the `samples` written.
-PRINTED_SAMPLES = 2
-
-# Rollout settings that change what a held-out success rate measures (format_penalty moves returns only;
-# the generation engine and prefix reuse give the same samples), compared before a run's start is.
-COMPARED_ROLLOUT = ("max_turns", "max_actions_per_turn", "max_tokens_per_turn", "context_turns", "end_on_invalid",
-                    "top_p", "top_k", "enable_think", "action_sep", "max_model_len")
-
-
-def run_of(model: str) -> Path | None:
-    """The run directory `model` is a checkpoint of (runs/X for runs/X/checkpoints/step_N), or None."""
-    path = Path(model)
-    run_dir = path.parent.parent
-    return run_dir if path.parent.name == "checkpoints" and (run_dir / METRICS_FILE).is_file() else None
-
-
-def _success(metrics: dict) -> tuple[float, float | None]:
-    """(held-out success, its binomial standard error over `eval/episodes`) of an evaluation's metrics."""
-    rate = metrics["eval/success_rate"]
-    return rate, binomial_se(rate, metrics.get("eval/episodes"))
-
-
-def verdict_lines(
-    rows: dict[str, dict[str, float]], run_dir: Path | None, config: Config, cfg: RolloutConfig
-) -> list[str]:
-    """Whether the policy beats the uniform-random agent, and for a run's checkpoint whether it beats the
-    run's first evaluation (`ragen2.verdict`): the numbers say whether the difference is more than noise.
-
-    The run's start is compared only when this evaluation plays what the run's evaluations played (the
-    environment, `cfg` with `trainer.eval_temperature`, `COMPARED_ROLLOUT`); otherwise the line says what differs.
-    """
-    from ragen2.config import config_from_file
-
-    policy = _success(rows["policy"])
-    lines = []
-    if "uniform-random" in rows:
-        baseline = _success(rows["uniform-random"])
-        lines.append(f"uniform-random → policy: {verdict(*baseline, *policy, words=VS_RANDOM)}")
-    if run_dir is None:
-        return lines
-    try:
-        run = config_from_file(run_dir / "config.yaml")
-    except (ConfigError, OSError) as e:
-        return [*lines, f"run start → this eval: not compared, the run's config.yaml cannot be read ({e})"]
-    if is_mixture(run):  # its eval/success_rate pools several environments, each seed played in a group
-        return [*lines, "run start → this eval: not compared, the run evaluated a mixture (docs/mixtures.md); its "
-                        "metrics.jsonl has eval/<tag>/success_rate per environment"]
-
-    def settings(env: EnvConfig, temperature: float, rollout_cfg: RolloutConfig) -> dict[str, object]:
-        return {"env.name": env.name, "env.kwargs": env.kwargs, "temperature": temperature,
-                **{f"rollout.{k}": getattr(rollout_cfg, k) for k in COMPARED_ROLLOUT}}
-
-    ours = settings(config.env, cfg.temperature, cfg)
-    theirs = settings(run.env, run.trainer.eval_temperature, run.rollout)
-    differ = [f"{k} {ours[k]} (run: {theirs[k]})" for k in ours if ours[k] != theirs[k]]
-    first = next((r for r in read_metrics(run_dir) if r.get("eval/success_rate") is not None), None)
-    if differ:
-        lines.append(f"run start → this eval: not compared, this eval plays other settings: {', '.join(differ)}")
-    elif first is None:
-        lines.append("run start → this eval: not compared, the run logged no evaluation")
-    else:
-        start = f"run start (step {first['step']}) → this eval"
-        lines.append(f"{start}: {verdict(*_success(first), *policy, words=LEARNED)}")
-    return lines
-
-
-def evaluate_cli(
-    model: str,
-    env_name: str,
-    episodes: int,
-    temperature: float,
-    device: str,
-    overrides: list[str],
-    out: Path | None,
-    compare_random: bool,
-    samples: int = 4,
-) -> dict:
-    """`ragen2 eval`: evaluate a model (and a random agent) with the env's preset rollout settings.
-
-    Writes into `out` (default: a new `new_results_dir("eval", model, env_name)`) eval.json (the metrics and
-    `verdict_lines`: against the random agent, and against the run's start for a run's checkpoint),
-    and the first `samples` episodes twice: transcripts.txt (the conversations, to read) and
-    rollouts.jsonl (rollout records, for `ragen2 diagnose`). Returns the JSON written plus "table" and
-    "transcripts" (text for the terminal), "out" and "json_path".
-    """
-    from ragen2.config import load_config, preset_names
-    from ragen2.models.loading import load_policy
-
-    preset = env_name if env_name in preset_names() else None
-    config = load_config(preset, [f"env.name={env_name}", f"model.device={device}", *overrides])
-    cfg = dataclasses.replace(config.rollout, temperature=temperature)
-    policy, tokenizer = load_policy(None if model == "tiny" else model, config.model.device, config.model.dtype)
-    rows = {}
-    seed = config.trainer.seed  # the same command gives the same episodes (trainer.seed=N for others)
-    torch.manual_seed(seed)
-    with heartbeat(f"evaluating {model} on {episodes} {env_name} episodes", log.info):
-        metrics, trajectories = evaluate(policy, tokenizer, env_name, config.env.kwargs, cfg, episodes)
-    rows["policy"] = metrics
-    if compare_random:
-        rows["uniform-random"] = random_agent(env_name, config.env.kwargs, episodes, cfg, seed=seed)
-    verdicts = verdict_lines(rows, run_of(model), config, cfg)
-    if out is None:
-        out = new_results_dir("eval", model, env_name)
-    else:
-        out.mkdir(parents=True, exist_ok=True)
-    sampled = trajectories[:samples]
-    result = {
-        "model": model,
-        "env": env_name,
-        "env_kwargs": config.env.kwargs,
-        "episodes": episodes,
-        "temperature": temperature,
-        "seed": seed,
-        "device": str(policy.device),
-        "results": rows,
-        "verdicts": verdicts,
-        "samples": len(sampled),
-    }
-    json_path = out / "eval.json"
-    json_path.write_text(json.dumps(result, indent=2))
-    (out / "transcripts.txt").write_text("\n".join(format_transcript(t, tokenizer) for t in sampled), encoding="utf-8")
-    write_rollout_records(out / "rollouts.jsonl", sampled, tokenizer)
-    title = f"{env_name}: {episodes} held-out seeds, temperature {temperature}, device {policy.device}"
-    shown = sampled[:PRINTED_SAMPLES]
-    text = (f"sample episodes ({len(shown)} of the {len(sampled)} in {out / 'transcripts.txt'}):\n\n"
-            + "\n\n".join(short_transcript(t) for t in shown)) if shown else ""
-    return {"table": "\n".join([title, format_table(rows), *verdicts]), "transcripts": text, "out": out,
-            "json_path": json_path, **result}

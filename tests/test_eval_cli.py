@@ -11,7 +11,7 @@ import torch
 from ragen2.cli import main
 from ragen2.config import load_config
 from ragen2.errors import ConfigError
-from ragen2.eval_envs import evaluate_envs_cli, parse_env
+from ragen2.eval_cli import evaluate_cli, parse_env
 from ragen2.evaluate import evaluate, random_agent
 from ragen2.mixture import TaggedEnv
 from ragen2.models.loading import load_policy
@@ -66,7 +66,7 @@ def test_eval_on_several_envs_gives_each_the_numbers_of_its_own_eval(save_random
 
 def test_repeated_envs_are_refused_before_the_model_loads():
     with pytest.raises(ConfigError, match="--env names bandit more than once"):
-        evaluate_envs_cli("no-such-model", [TaggedEnv("bandit", {}, "bandit")] * 2, 3, 0.5, "cpu", [], None, True)
+        evaluate_cli("no-such-model", [TaggedEnv("bandit", {}, "bandit")] * 2, 3, 0.5, "cpu", [], None, True)
 
 
 def test_a_mixture_runs_start_is_not_compared_with_a_one_environment_eval(save_random_policy, tmp_path, monkeypatch,
