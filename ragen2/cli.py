@@ -223,7 +223,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535 or args.max_tokens < 1:
         raise Ragen2Error(f"--port {args.port} --max-tokens {args.max_tokens}: need a port in 0..65535 and "
                           "max tokens >= 1")
-    from ragen2.models.loading import check_model_path
+    from ragen2.models.loading import check_model_path, load_policy
     from ragen2.serve.endpoint import serve_policy
 
     model = args.model
@@ -232,7 +232,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         model = str(Path(model) / "checkpoints" / latest.read_text().strip())
     if model != "tiny":
         check_model_path(model, f"model {model}")
-    endpoint = serve_policy(None if model == "tiny" else model, args.device, args.host, args.port, args.max_tokens)
+    path = None if model == "tiny" else model
+    policy, tokenizer = load_policy(path, args.device)
+    endpoint = serve_policy(policy, tokenizer, path, args.host, args.port, args.max_tokens)
     print(f"serving {model} at {endpoint.url}/v1 (POST /v1/chat/completions); Ctrl-C stops", flush=True)
     try:
         endpoint.wait()

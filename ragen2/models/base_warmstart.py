@@ -36,6 +36,7 @@ import torch
 from jinja2 import TemplateError
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from ragen2.cache import default_cache_dir
 from ragen2.envs.base import bracket_tool
 from ragen2.errors import ConfigError
 from ragen2.models.demos import PRETRAINED_ORACLES
@@ -45,7 +46,6 @@ from ragen2.progress import heartbeat
 from ragen2.models.warmstart import (
     INFO_FILE,
     WarmStartConfig,
-    default_cache_dir,
     demo_env,
     demo_samples,
     make_config,

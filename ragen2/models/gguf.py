@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ragen2.cache import default_cache_dir
 from ragen2.errors import ConfigError
 
 if TYPE_CHECKING:  # torch and transformers load on conversion only: name checks stay fast
@@ -95,11 +96,7 @@ def converted_dir(path: str, cache_dir: str | Path | None = None, what: str | No
     stat = file.stat()
     source = {"file": file.name, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "version": CONVERSION_VERSION}
     key = hashlib.sha256(json.dumps(source, sort_keys=True).encode()).hexdigest()[:16]
-    if cache_dir is None:
-        from ragen2.models.warmstart import default_cache_dir
-
-        cache_dir = default_cache_dir()
-    out = Path(cache_dir) / f"gguf-{file.stem}-{key}"
+    out = Path(default_cache_dir() if cache_dir is None else cache_dir) / f"gguf-{file.stem}-{key}"
     if (out / INFO_FILE).is_file():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)

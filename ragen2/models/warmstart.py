@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ragen2.agent.conversation import user_message
+from ragen2.cache import default_cache_dir
 from ragen2.tags import TAGS
 from ragen2.envs import EVAL_SEED_OFFSET  # demonstrations stay on training seeds, below it
 from ragen2.envs.base import TextEnv
@@ -212,11 +213,6 @@ class WarmStartConfig:
             del settings["sokoban_novice"]
         blob = json.dumps({"version": WARMSTART_VERSION, **settings}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
-
-
-def default_cache_dir() -> Path:
-    """`$RAGEN2_CACHE`, else `~/.cache/ragen2`."""
-    return Path(os.environ.get("RAGEN2_CACHE") or Path.home() / ".cache" / "ragen2")
 
 
 def cache_path(config: WarmStartConfig, cache_dir: str | Path | None = None) -> Path:

@@ -26,7 +26,7 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from transformers import PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ragen2.agent.tool_calls import parse_tool_calls
 from ragen2.serve.batcher import Batcher, Sampling
@@ -147,15 +147,15 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "code": status}}, status)
 
 
-def serve_policy(model_path: str, device: str = "auto", host: str = "127.0.0.1", port: int = 8000,
-                 max_tokens: int = 1024, batch_wait_s: float = 0.05) -> Endpoint:
-    """An endpoint serving a saved policy (`ragen2 serve`): sampling as each request asks, nothing recorded."""
+def serve_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, model_name: str | None,
+                 host: str = "127.0.0.1", port: int = 8000, max_tokens: int = 1024,
+                 batch_wait_s: float = 0.05) -> Endpoint:
+    """An endpoint serving a loaded policy (`ragen2 serve`, which loads it: the models sit above the serving layer):
+    sampling as each request asks, nothing recorded; `model_name` is the id its replies give."""
     from ragen2.agent.backends import HFBackend
-    from ragen2.models.loading import load_policy
 
-    model, tokenizer = load_policy(model_path, device)
     batcher = Batcher(HFBackend(model, tokenizer, stop_strings=()), batch_wait_s)
-    return Endpoint(ChatService(tokenizer, batcher, Limits(max_tokens), model_name=model_path), host, port)
+    return Endpoint(ChatService(tokenizer, batcher, Limits(max_tokens), model_name=model_name), host, port)
 
 
 SHUTDOWN_GRACE_S = 5  # seconds in-flight requests get to finish when the endpoint closes

@@ -21,6 +21,7 @@ import textworld
 import textworld.challenges
 from textworld.generator import compile_game
 
+from ragen2.cache import default_cache_dir
 from ragen2.envs.external.base import ExternalEnv, Outcome, unknown_game
 from ragen2.errors import ConfigError
 
@@ -42,8 +43,6 @@ _REQUIRED_DEFAULTS: dict[str, dict[str, Any]] = {
 def cache_dir() -> Path:
     """Where generated games are kept: $RAGEN2_TEXTWORLD_CACHE, else textworld/ in ragen2's cache
     ($RAGEN2_CACHE or ~/.cache/ragen2, where the policies and converted models are kept too)."""
-    from ragen2.models.warmstart import default_cache_dir
-
     return Path(os.environ.get("RAGEN2_TEXTWORLD_CACHE") or default_cache_dir() / "textworld")
 
 
