@@ -11,6 +11,7 @@ import os
 import sys
 import textwrap
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 from typing import TYPE_CHECKING
@@ -121,6 +122,12 @@ def cmd_warmstart(args: argparse.Namespace) -> int:
     return 0
 
 
+def _latest_checkpoint(model: str) -> str:
+    """`model`, or for a run directory its latest checkpoint (what `ragen2 eval` and `ragen2 serve` load)."""
+    latest = Path(model) / "checkpoints" / "latest"
+    return str(Path(model) / "checkpoints" / latest.read_text().strip()) if latest.is_file() else model
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     if args.model is None or "=" in args.model:  # nothing, or `ragen2 eval a.b=c`
         got = f" (got the override {args.model!r} there)" if args.model else ""
@@ -138,10 +145,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                           f"rollouts.jsonl); e.g. --out {Path(args.out).with_suffix('')}")
     from ragen2.models.hub import check_model_name
 
-    model = args.model
-    latest = Path(model) / "checkpoints" / "latest"
-    if latest.is_file():  # a run directory: its latest checkpoint
-        model = str(Path(model) / "checkpoints" / latest.read_text().strip())
+    model = _latest_checkpoint(args.model)
     check_model_name(model, f"model {model}")  # a mistyped hub name fails before torch loads
     from ragen2.eval_cli import evaluate_cli, parse_env
     from ragen2.models.loading import check_model_path
@@ -226,10 +230,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ragen2.models.loading import check_model_path, load_policy
     from ragen2.serve.endpoint import serve_policy
 
-    model = args.model
-    latest = Path(model) / "checkpoints" / "latest"
-    if latest.is_file():  # a run directory: its latest checkpoint
-        model = str(Path(model) / "checkpoints" / latest.read_text().strip())
+    model = _latest_checkpoint(args.model)
     if model != "tiny":
         check_model_path(model, f"model {model}")
     path = None if model == "tiny" else model
@@ -310,6 +311,18 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _command(
+    sub: argparse._SubParsersAction, func: Callable[[argparse.Namespace], int], name: str, help: str,
+    description: str, epilog: str | None = None,
+) -> argparse.ArgumentParser:
+    """The subcommand `name`, run by `func`. An epilog (examples, one a line) keeps its line breaks, and so
+    does the description then."""
+    p = sub.add_parser(name, help=help, description=description, epilog=epilog,
+                       formatter_class=argparse.RawDescriptionHelpFormatter if epilog else argparse.HelpFormatter)
+    p.set_defaults(func=func)
+    return p
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ragen2",
@@ -318,8 +331,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="Debug logging, and a traceback with each error.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser(
-        "train",
+    p = _command(
+        sub, cmd_train, "train",
         help="Run multi-turn RL (default: tiny policy on Sokoban).",
         description=(
             "Run multi-turn RL. PRESET is ENV, ENV-ALGO or ENV-ALGO-FILTER (e.g. frozenlake, frozenlake-ppo,\n"
@@ -330,7 +343,6 @@ def build_parser() -> argparse.ArgumentParser:
             "  FILTER  paper (the paper's SNR-aware filter) or nofilter\n\n" + _learning_help()
         ),
         epilog=TRAIN_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("preset", nargs="?", help="ENV, ENV-ALGO, ENV-ALGO-FILTER or a path to a YAML file "
                    f"(none: {DEFAULT_PRESET!r}, the default run).")
@@ -340,10 +352,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "may follow, to extend a finished run (the only key a resumed run may change; a linear or cosine "
                    "optim.schedule then decays over the new total from the resumed step on).")
     p.add_argument("--list-keys", action="store_true", help="Print every config key with its default and help.")
-    p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser(
-        "eval",
+    p = _command(
+        sub, cmd_eval, "eval",
         help="Evaluate a policy on held-out seeds.",
         description="Success rate, mean return, mean turns and valid-format rate on held-out seeds; "
         "prints a table (with a uniform-random agent for comparison), whether the policy beats that agent by more "
@@ -369,10 +380,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: 4).")
     p.add_argument("--no-random", action="store_true", help="Skip the uniform-random baseline.")
     p.add_argument("overrides", nargs="*", help="Config overrides, e.g. env.kwargs.size=6 rollout.max_turns=5.")
-    p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser(
-        "warmstart",
+    p = _command(
+        sub, cmd_warmstart, "warmstart",
         help="Build the tiny built-in policy (tokenizer + Qwen2 model + SFT on solver demos), or with --base "
         "fine-tune a pretrained model on the same demos.",
         description="Build and cache the tiny policy: byte-level BPE tokenizer with a chat template, a small "
@@ -415,10 +425,9 @@ def build_parser() -> argparse.ArgumentParser:
         "intermediate_size, steps, lr, warmup_steps, weight_decay, batch_tokens, grad_clip; stop_at_success=0.4 "
         "(with check_every, check_episodes) stops at the first check whose validation success reaches 0.4.",
     )
-    p.set_defaults(func=cmd_warmstart)
 
-    p = sub.add_parser(
-        "serve",
+    p = _command(
+        sub, cmd_serve, "serve",
         help="Serve a policy behind an OpenAI-compatible endpoint (/v1/chat/completions, tools included).",
         description="Serve a policy for agent loops that run as separate processes: POST /v1/chat/completions "
         "with the OpenAI request shape, `tools` rendered by the policy's chat template and `<tool_call>` blocks "
@@ -432,10 +441,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000, help="Port (default: 8000; 0 = any free port).")
     p.add_argument("--max-tokens", type=int, default=1024, help="Cap on a completion's tokens (default: 1024).")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda (default: auto).")
-    p.set_defaults(func=cmd_serve)
 
-    p = sub.add_parser(
-        "diagnose",
+    p = _command(
+        sub, cmd_diagnose, "diagnose",
         help="MI proxies (template collapse) of saved rollouts, scored by a model.",
         description="Score every reasoning of a rollout file under every input with MODEL, print the MI "
         "proxies (Retrieval-Acc, MI-Est, MI-ZScore, ...), write diagnose.json and a heatmap PNG. Reads the "
@@ -443,7 +451,6 @@ def build_parser() -> argparse.ArgumentParser:
         '(rollouts.jsonl), any JSONL of {"group", "prompt", "reasoning"} objects, and TRL GRPOTrainer completion '
         "logs. See docs/diagnostics.md.",
         epilog=DIAGNOSE_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("rollouts", help="Rollout file: records .jsonl, TRL completions .parquet / .jsonl / W&B .json, "
                    "or a verl rollout dump (trainer.rollout_data_dir) .jsonl.")
@@ -468,17 +475,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-reasoning-tokens", type=int, default=512,
                    help="Keep the first N tokens of each reasoning, so memory stays bounded whatever the file "
                    "holds; the truncated ones are counted (default: 512; 0 = no cap).")
-    p.set_defaults(func=cmd_diagnose)
 
-    p = sub.add_parser(
-        "sweep",
+    p = _command(
+        sub, cmd_sweep, "sweep",
         help="Run a grid of training runs from a YAML spec and tabulate them.",
         description="Expand SPEC (a base config, axes of dotted config keys, seeds) into one `ragen2 train` run "
         "per grid point, each in OUT/<axis=label>__...__seed=N, and write OUT/sweep.csv (one row per run) and "
         "OUT/sweep.md (mean +- standard error over seeds). Resumable: finished runs are skipped, interrupted "
         "ones continue from their last checkpoint. The spec format is in ragen2/sweep.py and experiments/README.md.",
         epilog=SWEEP_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("spec", help="Sweep spec, a YAML file (e.g. experiments/filter_sokoban.yaml).")
     p.add_argument("overrides", nargs="*",
@@ -491,10 +496,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "jobs x threads may not exceed the cores).")
     p.add_argument("--dry-run", action="store_true", help="Check every config and print what would run; run nothing.")
     p.add_argument("--tables-only", action="store_true", help="Only rewrite sweep.csv and sweep.md from the runs there.")
-    p.set_defaults(func=cmd_sweep)
 
-    p = sub.add_parser(
-        "report",
+    p = _command(
+        sub, cmd_report, "report",
         help="Write PNG figures and report.html for a run directory, or for several runs overlaid.",
         description="Write PNG figures (OUT/figures/) and OUT/report.html: return, success with error bars, "
         "collapse proxies, entropy, losses, gradient norm, learning rate, clip fraction, approximate KL, "
@@ -508,7 +512,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--smooth", type=int, default=0, metavar="N",
                    help="Draw lines as moving averages over the last N logged points, raw points faint behind "
                    "(default 0: off).")
-    p.set_defaults(func=cmd_report)
     for p in sub.choices.values():  # -v also after the command: `ragen2 train sokoban -v`
         p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser
