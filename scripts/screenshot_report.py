@@ -1,6 +1,9 @@
 """Screenshot a `ragen2 report` page in headless Chromium, to check by eye what a browser shows.
 
-The page is rendered in a window `--width` CSS pixels wide and `--height` tall, and the blank
+First the page is checked (`page_problems`): every figure must load and no script may fail, because
+a screenshot of a page with a broken figure would show the report as it is not; the script stops
+with the problems instead. tests/test_report.py runs the same check on a report it writes. Then
+the page is rendered in a window `--width` CSS pixels wide and `--height` tall, and the blank
 rows below the end of the page are cropped, so the default height captures a whole report.
 `--scale` renders at that device scale factor (0.5 halves the image's width and height) and
 `--colors` quantises to a palette, which keeps a screenshot small enough to commit. `--expand`
@@ -15,10 +18,15 @@ Needs a Chromium binary (Debian: `apt-get install chromium`) and Pillow (a matpl
 from __future__ import annotations
 
 import argparse
+import html
+import json
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from PIL import Image, ImageChops
@@ -34,15 +42,74 @@ def find_browser() -> str:
     raise SystemExit(f"no Chromium found on PATH (tried {', '.join(BROWSERS)}); on Debian: apt-get install chromium")
 
 
-def screenshot(page: Path, out: Path, width: int, height: int, scale: float, timeout: float = 120.0) -> None:
-    """Render `page` and write the raw screenshot to `out`."""
-    with tempfile.TemporaryDirectory() as profile:  # a fresh profile: no first-run state, no lock on a shared one
+# Run first in the page's <head>: it records script errors, console.error calls and elements other than
+# images that fail to load, then at the load event every <img> that has no pixels (missing or not an
+# image), and appends them as JSON in a <pre> that --dump-dom prints. No <pre> in the dump: the page
+# never finished loading.
+_CHECK_ID = "ragen2-page-check"
+_PROBE = """<script>(() => {
+  const problems = [];
+  addEventListener("error", (e) => {
+    if (e.target instanceof HTMLImageElement) return;  // the load check below names it, with its src
+    const el = e.target instanceof Element ? e.target : null;
+    problems.push(el ? `${el.tagName.toLowerCase()} did not load: ${el.getAttribute("src") || el.getAttribute("href")}`
+                     : `script error: ${e.message} (line ${e.lineno})`);
+  }, true);
+  addEventListener("unhandledrejection", (e) => problems.push(`unhandled promise rejection: ${e.reason}`));
+  const consoleError = console.error;
+  console.error = (...args) => { problems.push(`console.error: ${args.join(" ")}`); consoleError(...args); };
+  addEventListener("load", () => {
+    for (const img of document.images) {
+      if (!img.complete || img.naturalWidth === 0) problems.push(`img did not load: ${img.getAttribute("src")}`);
+    }
+    const out = document.createElement("pre");
+    out.id = "%s";
+    out.textContent = JSON.stringify(problems);
+    document.body.append(out);
+  });
+})();</script>""" % _CHECK_ID
+
+
+def _headless(page: Path, flags: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """Open `page` in headless Chromium with `flags` (the action: --screenshot=..., --dump-dom) in a fresh
+    profile (no first-run state, no lock on a shared one); figures load from the page's directory."""
+    with tempfile.TemporaryDirectory() as profile:
         cmd = [
             find_browser(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-            "--allow-file-access-from-files", f"--user-data-dir={profile}", f"--window-size={width},{height}",
-            f"--force-device-scale-factor={scale}", f"--screenshot={out.resolve()}", page.resolve().as_uri(),
+            "--allow-file-access-from-files", f"--user-data-dir={profile}", *flags, page.resolve().as_uri(),
         ]
-        result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+@contextmanager
+def page_copy(page: Path, text: str) -> Iterator[Path]:
+    """A temporary copy of `page` holding `text`, next to it so that its relative figure paths still resolve."""
+    with tempfile.NamedTemporaryFile("w", suffix=".html", dir=page.parent, encoding="utf-8") as copy:
+        copy.write(text)
+        copy.flush()
+        yield Path(copy.name)
+
+
+def page_problems(page: Path, timeout: float = 120.0) -> list[str]:
+    """What went wrong when Chromium loaded `page`: images that did not load, script errors, console.error
+    calls; [] for a clean page. It loads a copy with `_PROBE` at the top of <head>, after the charset
+    declaration (which must stay within the first 1024 bytes)."""
+    text = page.read_text(encoding="utf-8")
+    head = re.search(r"<head[^>]*>(\s*<meta charset[^>]*>)?", text, flags=re.IGNORECASE)
+    if head is None:
+        return [f"{page}: no <head> to put the check in"]
+    with page_copy(page, text[:head.end()] + _PROBE + text[head.end():]) as probed:
+        result = _headless(probed, ["--dump-dom"], timeout)
+    found = re.search(rf'<pre id="{_CHECK_ID}">(.*?)</pre>', result.stdout, flags=re.DOTALL)
+    if found is None:
+        return [f"the page did not finish loading (chromium exited {result.returncode}):\n{result.stderr[-2000:]}"]
+    return json.loads(html.unescape(found.group(1)))
+
+
+def screenshot(page: Path, out: Path, width: int, height: int, scale: float, timeout: float = 120.0) -> None:
+    """Render `page` and write the raw screenshot to `out`."""
+    flags = [f"--window-size={width},{height}", f"--force-device-scale-factor={scale}", f"--screenshot={out.resolve()}"]
+    result = _headless(page, flags, timeout)
     if result.returncode != 0 or not out.exists():
         raise SystemExit(f"chromium failed ({result.returncode}):\n{result.stderr[-2000:]}")
 
@@ -68,13 +135,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.page.is_file():
         raise SystemExit(f"{args.page}: no such file")
+    if problems := page_problems(args.page):
+        raise SystemExit(f"{args.page} does not render cleanly:\n" + "\n".join(f"  {p}" for p in problems))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     if args.expand:
-        # A copy next to the page, so that its relative figure paths still resolve.
-        with tempfile.NamedTemporaryFile("w", suffix=".html", dir=args.page.parent, encoding="utf-8") as copy:
-            copy.write(args.page.read_text(encoding="utf-8").replace("<details>", "<details open>"))
-            copy.flush()
-            screenshot(Path(copy.name), args.out, args.width, args.height, args.scale)
+        with page_copy(args.page, args.page.read_text(encoding="utf-8").replace("<details>", "<details open>")) as copy:
+            screenshot(copy, args.out, args.width, args.height, args.scale)
     else:
         screenshot(args.page, args.out, args.width, args.height, args.scale)
     image = crop_blank_bottom(Image.open(args.out))

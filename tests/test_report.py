@@ -8,6 +8,7 @@ import fnmatch
 import importlib.util
 import json
 import math
+import os
 import re
 import shutil
 from pathlib import Path
@@ -508,13 +509,23 @@ def _screenshot_module():
     return module
 
 
+def _needs_chromium(shot) -> None:
+    """Skip where no Chromium is installed, except under CI (env CI set), where `.ci/run` installs it:
+    there a missing browser means the page went unchecked, and that fails."""
+    if any(shutil.which(b) for b in shot.BROWSERS):
+        return
+    if os.environ.get("CI", "").lower() not in ("", "0", "false"):
+        pytest.fail(f"CI={os.environ['CI']} but no Chromium on PATH (tried {', '.join(shot.BROWSERS)}): "
+                    ".ci/run should have installed it")
+    pytest.skip("no Chromium here: the page itself is not rendered")
+
+
 def test_screenshot_crops_the_blank_rows_below_the_page(tmp_path: Path) -> None:
     shot = _screenshot_module()
     image = Image.new("RGB", (100, 300), "white")
     image.paste((0, 0, 0), (10, 10, 40, 50))
     assert shot.crop_blank_bottom(image, margin=16).size == (100, 66)
-    if not any(shutil.which(b) for b in shot.BROWSERS):
-        pytest.skip("no Chromium here: the page itself is not rendered")
+    _needs_chromium(shot)
     with Tracker(tmp_path / "run", {}, tensorboard=False) as tracker:
         tracker.log(1, {"train/grad_norm": 1.0})
     page = write_report(tmp_path / "run")
@@ -522,6 +533,43 @@ def test_screenshot_crops_the_blank_rows_below_the_page(tmp_path: Path) -> None:
     assert shot.main(argv) == 0
     rendered = Image.open(tmp_path / "shot.png")
     assert rendered.width == 400 and 100 < rendered.height < 1500  # the page's end, not the window's
+
+
+def test_report_page_loads_in_chromium(tmp_path: Path) -> None:
+    """The report of a real run (a committed `ragen2 sweep` run, plus sample trajectories whose text is a
+    throwing script) opened in headless Chromium: every figure loads and no script fails or logs an error
+    (`page_problems` of scripts/screenshot_report.py, which a probe injected into a copy of the page answers).
+
+    The check can fail, and the test then shows it on a copy of the page: one figure pointed at a missing
+    file, one figure's PNG truncated to a few bytes and a script that throws give exactly those three
+    problems. Tried by breaking the code: `draw_figures` saving the loss figure under another name failed
+    the first assertion with "img did not load: figures/loss.png"; a `<script>` calling an undefined
+    function appended to the page failed it with "script error: Uncaught ReferenceError: ..."; sample texts
+    left unescaped ran their script and failed it too; with the probe's image check removed, the broken
+    copy's two figures went unreported and the last assertion failed."""
+    shot = _screenshot_module()
+    _needs_chromium(shot)
+    run = tmp_path / "run"
+    shutil.copytree(FILTER_RUNS / "algo.name=grpo__filter=none__seed=0", run)
+    for step in (0, 10):
+        _write_rollouts(run, step, '<script>throw new Error("a sample text ran as a script")</script>')
+    page = write_report(run)
+    figures = re.findall(r'<img src="figures/(\w+)\.png"', page.read_text())
+    assert len(figures) >= 10 and "Sample trajectories" in page.read_text()
+
+    problems = shot.page_problems(page)
+    assert problems == [], problems
+
+    broken = run / "broken.html"
+    (run / "figures" / "truncated.png").write_bytes((run / "figures" / f"{figures[1]}.png").read_bytes()[:40])
+    broken.write_text(page.read_text()
+                      .replace(f"figures/{figures[0]}.png", "figures/missing.png")
+                      .replace(f"figures/{figures[1]}.png", "figures/truncated.png")
+                      .replace("</body>", '<script>undefined_function()</script></body>'))
+    problems = shot.page_problems(broken)
+    assert sorted(re.sub(r" \(line \d+\)$", "", p) for p in problems) == [
+        "img did not load: figures/missing.png", "img did not load: figures/truncated.png",
+        "script error: Uncaught ReferenceError: undefined_function is not defined"], problems
 
 
 def _write_mixture_run(run_dir: Path, scale: float) -> None:
