@@ -1,8 +1,9 @@
 """Generation backends: token ids in, generated token ids out. The rollout loop only sees the Protocol.
 
 `HFBackend` decodes with the Hugging Face model's own forward and key/value cache (batched,
-CPU or CUDA), and reuses the keys/values of a rollout's earlier turns. A vLLM backend plugs in
-by implementing the same `generate` method.
+CPU or CUDA), and reuses the keys/values of a rollout's earlier turns. Anything with the same
+`generate` method plugs in; the engines of ragen2 (this one and `ragen2.agent.vllm_backend`) derive
+from `CheckedBackend`, which checks the arguments for both.
 
 Per-prompt `seeds` make a prompt's sample a function of (prompt, seed) alone, whatever else
 is in the batch: this is what lets P x G episodes split over several processes sample what
@@ -12,6 +13,7 @@ one process would (ragen2.rl.distributed).
 from __future__ import annotations
 
 import inspect
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Protocol, runtime_checkable
@@ -88,7 +90,23 @@ def check_generate_args(
         raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts: pass one seed per prompt, or None")
 
 
-class HFBackend:
+class CheckedBackend(ABC):
+    """A `GenerationBackend` whose `generate` checks its arguments (`check_generate_args`) and hands them to the
+    engine's `_generate`: the engines (`HFBackend`, `VLLMBackend`) share the front and refuse alike."""
+
+    def generate(self, prompts: list[list[int]], *, max_new_tokens: int, temperature: float, top_p: float,
+                 top_k: int = -1, seeds: list[int] | None = None) -> list[GenerationOutput]:
+        """`GenerationBackend.generate`."""
+        check_generate_args(prompts, max_new_tokens, temperature, top_p, seeds, top_k)
+        return self._generate(prompts, max_new_tokens, temperature, top_p, top_k, seeds)
+
+    @abstractmethod
+    def _generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float, top_k: int,
+                  seeds: list[int] | None) -> list[GenerationOutput]:
+        """`generate`, its arguments checked."""
+
+
+class HFBackend(CheckedBackend):
     """Sampling with the model's own forward and key/value cache, on the model's device.
 
     Args:
@@ -172,17 +190,8 @@ class HFBackend:
         finally:
             self._store = None
 
-    def generate(
-        self,
-        prompts: list[list[int]],
-        *,
-        max_new_tokens: int,
-        temperature: float,
-        top_p: float,
-        top_k: int = -1,
-        seeds: list[int] | None = None,
-    ) -> list[GenerationOutput]:
-        check_generate_args(prompts, max_new_tokens, temperature, top_p, seeds, top_k)
+    def _generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float, top_k: int,
+                  seeds: list[int] | None) -> list[GenerationOutput]:
         outputs: list[GenerationOutput | None] = [None] * len(prompts)
         cached: list[CachedPrefix] = []
         was_training = self.model.training

@@ -23,12 +23,12 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ragen2.agent.backends import check_generate_args, stop_tokens
+from ragen2.agent.backends import CheckedBackend, stop_tokens
 from ragen2.agent.types import GenerationOutput
 from ragen2.errors import ConfigError
 
 
-class VLLMBackend:
+class VLLMBackend(CheckedBackend):
     """`GenerationBackend` on a vLLM engine that holds a copy of `model`'s weights.
 
     Args:
@@ -109,19 +109,10 @@ class VLLMBackend:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.llm.reset_prefix_cache()  # cached prefixes hold keys/values of the previous weights
 
-    def generate(
-        self,
-        prompts: list[list[int]],
-        *,
-        max_new_tokens: int,
-        temperature: float,
-        top_p: float,
-        top_k: int = -1,
-        seeds: list[int] | None = None,
-    ) -> list[GenerationOutput]:
+    def _generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float, top_k: int,
+                  seeds: list[int] | None) -> list[GenerationOutput]:
         from vllm import SamplingParams
 
-        check_generate_args(prompts, max_new_tokens, temperature, top_p, seeds, top_k)
         params = [
             SamplingParams(**sampling_kwargs(
                 max_new_tokens, temperature, top_p, top_k, None if seeds is None else seeds[i],
