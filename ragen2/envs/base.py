@@ -7,6 +7,11 @@ from typing import Any, ClassVar
 
 import gymnasium as gym
 
+# The last line of an instruction whose turn may play several actions, in the default turn format.
+SEVERAL_ACTIONS_ANSWER = (
+    "Answer as <think>...</think><answer>Action1 || Action2</answer>: one or more actions separated by ||."
+)
+
 
 class TextEnv(gym.Env, ABC):
     """Base of every ragen2 environment.

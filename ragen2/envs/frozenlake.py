@@ -9,20 +9,17 @@ import gymnasium as gym
 from gymnasium.envs.toy_text import frozen_lake as gym_frozen_lake
 
 from ragen2.envs import ENVS
-from ragen2.envs.base import TextEnv
+from ragen2.envs.base import SEVERAL_ACTIONS_ANSWER, TextEnv
+from ragen2.envs.grid import GRID_CONVENTION, INVALID_INFO, MOVES_MEANING, Cell, cell_text, move_name
 from ragen2.errors import ConfigError
-
-Cell = tuple[int, int]  # (row, col), 0-indexed from the top-left corner
 
 # Action name -> Gymnasium's action id (LEFT=0, DOWN=1, RIGHT=2, UP=3) and (d_row, d_col).
 ACTIONS: dict[str, int] = {"Left": gym_frozen_lake.LEFT, "Down": gym_frozen_lake.DOWN,
                            "Right": gym_frozen_lake.RIGHT, "Up": gym_frozen_lake.UP}
 _DELTAS: dict[str, Cell] = {"Left": (0, -1), "Down": (1, 0), "Right": (0, 1), "Up": (-1, 0)}
-_BY_LOWER = {name.lower(): name for name in ACTIONS}
 
 FROZEN, HOLE, GOAL, PLAYER, PLAYER_IN_HOLE, PLAYER_ON_GOAL = "_", "O", "G", "P", "X", "√"
 _MAX_GENERATION_TRIES = 10_000
-_INVALID_INFO = {"action_is_valid": False, "action_is_effective": False, "success": False}
 
 
 def shortest_path(size: int, holes: frozenset[Cell], start: Cell, goal: Cell) -> list[str] | None:
@@ -88,13 +85,11 @@ class FrozenLakeEnv(TextEnv):
     instruction: ClassVar[str] = (
         "You are walking on a frozen lake. Reach the goal without falling into a hole.\n"
         "Symbols: _ frozen ice, O hole, G goal, P player, X player in a hole, √ player on the goal.\n"
-        "The grid has one row per line; positions are (row, col), counting from 0 at the top-left.\n"
-        "Actions: Left, Down, Right, Up. Up decreases the row, Down increases it, "
-        "Left decreases the column, Right increases it. The ice may be slippery: "
-        "you might move in a different direction than you chose.\n"
-        "Rewards: 1 for reaching the goal, 0 otherwise. Falling into a hole ends the game.\n"
-        "Answer as <think>...</think><answer>Action1 || Action2</answer>: "
-        "one or more actions separated by ||."
+        + GRID_CONVENTION
+        + "Actions: Left, Down, Right, Up. "
+        + MOVES_MEANING
+        + " The ice may be slippery: you might move in a different direction than you chose.\n"
+        "Rewards: 1 for reaching the goal, 0 otherwise. Falling into a hole ends the game.\n" + SEVERAL_ACTIONS_ANSWER
     )
     info_keys: ClassVar[frozenset[str]] = frozenset({"action_is_valid", "action_is_effective", "success"})
 
@@ -176,9 +171,9 @@ class FrozenLakeEnv(TextEnv):
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         lake = self._require_running()
-        name = _BY_LOWER.get(" ".join(str(action).split()).lower())
+        name = move_name(action)
         if name is None:
-            return self._text(), 0.0, False, False, dict(_INVALID_INFO)
+            return self._text(), 0.0, False, False, dict(INVALID_INFO)
         before = self.player
         _, reward, terminated, _, _ = lake.step(ACTIONS[name])
         success = self.player == self._goal
@@ -226,7 +221,7 @@ class FrozenLakeEnv(TextEnv):
                 else:
                     row.append(PLAYER if cell == player else FROZEN)
             rows.append("".join(row))
-        return "\n".join(rows) + f"\nPlayer at {_fmt(player)}; goal at {_fmt(self._goal)}."
+        return "\n".join(rows) + f"\nPlayer at {cell_text(player)}; goal at {cell_text(self._goal)}."
 
     def _require_lake(self) -> gym_frozen_lake.FrozenLakeEnv:
         if self._lake is None:
@@ -239,6 +234,3 @@ class FrozenLakeEnv(TextEnv):
             raise RuntimeError("step() called after the episode ended: call reset() first")
         return lake
 
-
-def _fmt(cell: Cell) -> str:
-    return f"(row {cell[0]}, col {cell[1]})"

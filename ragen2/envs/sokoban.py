@@ -8,14 +8,12 @@ import gymnasium as gym
 import numpy as np
 
 from ragen2.envs import ENVS
-from ragen2.envs.base import TextEnv
+from ragen2.envs.base import SEVERAL_ACTIONS_ANSWER, TextEnv
+from ragen2.envs.grid import GRID_CONVENTION, INVALID_INFO, MOVES_MEANING, Cell, cell_text, move_name
 from ragen2.errors import ConfigError
-
-Cell = tuple[int, int]  # (row, col), 0-indexed from the top-left corner
 
 # Action name -> (d_row, d_col). Insertion order is the solver's tie-break order.
 MOVES: dict[str, Cell] = {"Up": (-1, 0), "Down": (1, 0), "Left": (0, -1), "Right": (0, 1)}
-_BY_LOWER = {name.lower(): name for name in MOVES}
 _DIRECTIONS = tuple(MOVES.values())
 
 # Reward scheme of gym-sokoban, used by RAGEN (SPEC §7).
@@ -38,7 +36,6 @@ _CARVE_MASKS: tuple[tuple[Cell, ...], ...] = (
     ((0, 0), (0, 1), (1, 0), (1, 1)),
 )
 _MAX_GENERATION_TRIES = 10_000
-_INVALID_INFO = {"action_is_valid": False, "action_is_effective": False, "success": False}
 
 
 class Room:
@@ -117,9 +114,9 @@ class Room:
             rows.append("".join(row))
         boxes, targets = sorted(self.boxes), sorted(self.targets)
         coords = (
-            f"Player at {_fmt(self.player)}; "
-            f"{'box' if len(boxes) == 1 else 'boxes'} at {', '.join(map(_fmt, boxes))}; "
-            f"{'target' if len(targets) == 1 else 'targets'} at {', '.join(map(_fmt, targets))}."
+            f"Player at {cell_text(self.player)}; "
+            f"{'box' if len(boxes) == 1 else 'boxes'} at {', '.join(map(cell_text, boxes))}; "
+            f"{'target' if len(targets) == 1 else 'targets'} at {', '.join(map(cell_text, targets))}."
         )
         return "\n".join(rows) + "\n" + coords
 
@@ -152,10 +149,6 @@ class Room:
             )
         walls = frozenset(p for p, ch in cells.items() if ch == WALL)
         return cls((len(grid), len(grid[0])), walls, targets, boxes, players[0])
-
-
-def _fmt(cell: Cell) -> str:
-    return f"(row {cell[0]}, col {cell[1]})"
 
 
 def _path_to(parent: dict, state: Any) -> list[str]:
@@ -279,14 +272,13 @@ class SokobanEnv(TextEnv):
     instruction: ClassVar[str] = (
         "You are solving Sokoban. Push every box onto a target.\n"
         "Symbols: # wall, _ floor, O target, X box, √ box on target, P player, S player on target.\n"
-        "The grid has one row per line; positions are (row, col), counting from 0 at the top-left.\n"
-        "Actions: Up, Down, Left, Right. Up decreases the row, Down increases it, "
-        "Left decreases the column, Right increases it. Walking into a box pushes it one cell "
-        "if the cell behind it is free. Boxes cannot be pulled, so a box pushed into a corner is stuck.\n"
+        + GRID_CONVENTION
+        + "Actions: Up, Down, Left, Right. "
+        + MOVES_MEANING
+        + " Walking into a box pushes it one cell if the cell behind it is free. Boxes cannot be pulled, so a box "
+        "pushed into a corner is stuck.\n"
         "Rewards: -0.1 per action, +1 for a box pushed onto a target, -1 for a box pushed off one, "
-        "+10 when every box is on a target.\n"
-        "Answer as <think>...</think><answer>Action1 || Action2</answer>: "
-        "one or more actions separated by ||."
+        "+10 when every box is on a target.\n" + SEVERAL_ACTIONS_ANSWER
     )
     info_keys: ClassVar[frozenset[str]] = frozenset({"action_is_valid", "action_is_effective", "success"})
 
@@ -368,9 +360,9 @@ class SokobanEnv(TextEnv):
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         room = self._require_running()
-        name = _BY_LOWER.get(" ".join(str(action).split()).lower())
+        name = move_name(action)
         if name is None:
-            return self.room_text(), 0.0, False, False, dict(_INVALID_INFO)
+            return self.room_text(), 0.0, False, False, dict(INVALID_INFO)
         player, boxes = room.move(room.player, room.boxes, MOVES[name])
         # One push moves one box, so the count of boxes on targets changes by -1, 0 or +1.
         delta = len(boxes & room.targets) - len(room.boxes & room.targets)

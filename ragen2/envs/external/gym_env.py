@@ -16,6 +16,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from ragen2.envs.base import SEVERAL_ACTIONS_ANSWER
 from ragen2.envs.external.base import ExternalEnv, Outcome, unknown_game
 from ragen2.errors import ConfigError
 
@@ -120,8 +121,7 @@ class GymnasiumEnv(ExternalEnv):
         self.env_id = env_id
         self.instruction = (
             f"You are playing {self.renderer.about}\n"
-            f"Actions: {', '.join(self.renderer.actions)}.\n"
-            "Answer as <think>...</think><answer>Action1 || Action2</answer>: one or more actions separated by ||."
+            f"Actions: {', '.join(self.renderer.actions)}.\n" + SEVERAL_ACTIONS_ANSWER
         )
 
     def _start(self, seed: int) -> str:
