@@ -1,5 +1,8 @@
 """Config: presets, overrides, strict validation with helpful messages, generated docs."""
 
+import runpy
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -71,6 +74,19 @@ def test_config_doc_is_current():
     assert (ROOT / "docs" / "config.md").read_text() == config_markdown(), (
         "docs/config.md is stale: run `python -m ragen2.config > docs/config.md`"
     )
+
+
+def test_python_m_ragen2_config_prints_the_doc(capsys):
+    runpy.run_module("ragen2.config", run_name="__main__")
+    assert capsys.readouterr().out == config_markdown()
+
+
+def test_config_does_not_import_the_mixture_module():
+    # ragen2.mixture builds on the config package (ragen2.config.tagged_envs); the reverse would be a circle.
+    code = ("import sys; from ragen2.config import load_config; "
+            "load_config(None, ['env.mixture=[{name: bandit}, {name: sokoban}]', 'env.eval=[{tag: bandit}]']); "
+            "assert 'ragen2.mixture' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_env_algo_filter_presets_layer_in_order():

@@ -1,29 +1,18 @@
-"""The configuration tree, declared once.
+"""The configuration tree, declared once: `Config` and its sections, every key a dataclass field with a help text.
 
-Every key is a dataclass field with a help text. YAML presets (shipped under
-`ragen2/configs/`) and `a.b=c` command-line overrides feed it; `load_config`
-validates everything before any work starts: an unknown key names its full
-dotted path and the closest valid keys, a bad value names the allowed values.
+This module is the single place a key is added or documented: the builder (`build`), `--help` and
+docs/config.md (`reference`) all read these fields. A section checks its own values in `__post_init__`,
+because the trainer, the tests and library users also build sections directly; checks that relate
+several sections live in `validate`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import logging
-import math
-import os
-import types
-import typing
 from dataclasses import dataclass, field
-from importlib import resources
-from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from omegaconf import OmegaConf
-
-from ragen2.errors import ConfigError, did_you_mean
+from ragen2.errors import ConfigError
 from ragen2.tags import valid_action_sep
 
 
@@ -32,6 +21,13 @@ def _f(default: Any, help: str, **kw: Any) -> Any:
     if isinstance(default, (dict, list)):
         return field(default_factory=lambda: type(default)(default), metadata={"help": help}, **kw)
     return field(default=default, metadata={"help": help}, **kw)
+
+
+def _at_least_one(section: str, values: Any, names: tuple[str, ...]) -> None:
+    """Refuse any of the integer keys `names` of `values` below 1, naming the key as `section.name`."""
+    for name in names:
+        if getattr(values, name) < 1:
+            raise ConfigError(f"{section}.{name}={getattr(values, name)} is not allowed: use an integer >= 1")
 
 
 @dataclass
@@ -176,9 +172,8 @@ class RolloutConfig:
                 f"rollout.vllm_gpu_memory_utilization={self.vllm_gpu_memory_utilization} is not allowed: "
                 "use a fraction in (0, 1]"
             )
-        for name in ("num_groups", "group_size", "max_turns", "max_actions_per_turn", "max_tokens_per_turn"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"rollout.{name}={getattr(self, name)} is not allowed: use an integer >= 1")
+        _at_least_one("rollout", self, ("num_groups", "group_size", "max_turns", "max_actions_per_turn",
+                                        "max_tokens_per_turn"))
         if self.context_turns is not None and self.context_turns < 0:
             raise ConfigError(
                 f"rollout.context_turns={self.context_turns} is not allowed: use null (full history) or an integer >= 0"
@@ -381,9 +376,7 @@ class CollapseConfig:
 
     def __post_init__(self) -> None:
         """Checked here (not only in `validate`) because the trainer and tests build this directly."""
-        for name in ("compute_freq", "num_samples", "micro_batch_size", "alarm_patience"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"collapse.{name}={getattr(self, name)} is not allowed: use an integer >= 1")
+        _at_least_one("collapse", self, ("compute_freq", "num_samples", "micro_batch_size", "alarm_patience"))
         if self.per_turn < 0 or self.per_turn == 1:
             raise ConfigError(f"collapse.per_turn={self.per_turn} is not allowed: use 0 (off) or the last turn index "
                               "to check, >= 2 (turn 1 is collapse_first_turn/)")
@@ -484,9 +477,7 @@ class GradSNRConfig:
     )
 
     def __post_init__(self) -> None:
-        for name in ("freq", "num_buckets"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"grad_snr.{name}={getattr(self, name)} is not allowed: use an integer >= 1")
+        _at_least_one("grad_snr", self, ("freq", "num_buckets"))
 
 
 @dataclass
@@ -508,9 +499,7 @@ class EarlyStopConfig:
     eval_patience: int = _f(5, "Consecutive failing evaluations before stopping. Reference: 5.")
 
     def __post_init__(self) -> None:
-        for name in ("rv_warmup", "rv_patience", "eval_patience"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"early_stop.{name}={getattr(self, name)} is not allowed: use an integer >= 1")
+        _at_least_one("early_stop", self, ("rv_warmup", "rv_patience", "eval_patience"))
         if not 0 < self.rv_fraction <= 1:
             raise ConfigError(f"early_stop.rv_fraction={self.rv_fraction} is not allowed: use a fraction in (0, 1]")
         if not 0 <= self.eval_success_floor <= 1:
@@ -625,549 +614,6 @@ class Config:
     async_: AsyncConfig = field(default_factory=AsyncConfig, metadata={"key": "async"})
 
 
-def _key(f: dataclasses.Field) -> str:
+def config_key(f: dataclasses.Field) -> str:
     """A field's config key: its name, unless its metadata names another (`async` for `async_`)."""
     return f.metadata.get("key", f.name)
-
-
-# ----------------------------------------------------------------------------- building
-
-
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-def _check_value(path: str, value: Any, tp: Any) -> Any:
-    """Return `value` converted to type `tp`, or raise ConfigError naming `path`."""
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in (a for a in args if a is not type(None)):
-            try:
-                return _check_value(path, value, arg)
-            except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError(errors[0] if len(errors) == 1 else f"{path}: {value!r} fits none of {tp}")
-    if origin is Literal:
-        if value not in args:
-            raise ConfigError(
-                f"{path}={value!r} is not allowed; allowed values: {', '.join(map(repr, args))}."
-                + did_you_mean(str(value), [str(a) for a in args])
-            )
-        return value
-    if origin is list:
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{path}={value!r} must be a list")
-        return [_check_value(f"{path}[{i}]", v, args[0]) for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{path}={value!r} must be a mapping")
-        return dict(value)
-    if dataclasses.is_dataclass(tp):  # an element of a list of sections, such as env.mixture[0]
-        if not isinstance(value, dict):
-            raise ConfigError(f"{path}={value!r} must be a mapping of keys, e.g. {{name: sokoban}}")
-        return _build(tp, value, f"{path}.")
-    if tp is Any:
-        return value
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{path}={value!r} must be true or false")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{path}={value!r} must be an integer")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{path}={value!r} must be a number")
-        return float(value)
-    if tp is str:
-        if value is None:
-            raise ConfigError(f"{path} must be a string, got null")
-        return str(value)
-    raise TypeError(f"unsupported config type {tp} at {path}")
-
-
-# Keys that were removed, with what replaces them: a clear message instead of "unknown key".
-REMOVED_KEYS = {
-    "filter.eps": (
-        "it mixed two tolerances, now separate keys. filter.zero_tol is the zero-variance test of "
-        "include_zero=false, on the reward std (reference 1e-10; filter.eps was a tolerance on the variance, "
-        "so eps=0.01 is zero_tol=0.1); filter.selection_eps is the slack of top_p's threshold (reference 0.01)."
-    ),
-}
-
-
-def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
-    attrs = {_key(f): f.name for f in dataclasses.fields(cls)}
-    hints = {key: _hints(cls)[name] for key, name in attrs.items()}
-    names = list(attrs)
-    kwargs = {}
-    for key, value in data.items():
-        path = f"{prefix}{key}"
-        if path in REMOVED_KEYS:
-            raise ConfigError(f"config key {path!r} no longer exists: {REMOVED_KEYS[path]}")
-        if key not in hints:
-            while isinstance(value, dict) and value:  # `trainr.total_steps=5` arrives as {trainr: {total_steps: 5}}
-                child, value = next(iter(value.items()))
-                path = f"{path}.{child}"
-            valid = [f"{prefix}{n}" for n in names]
-            raise ConfigError(f"unknown config key {path!r}." + did_you_mean(path, all_keys() or valid))
-        tp = hints[key]
-        if dataclasses.is_dataclass(tp):
-            if not isinstance(value, dict):
-                raise ConfigError(f"{path} is a section; set its keys, e.g. {path}.{dataclasses.fields(tp)[0].name}=...")
-            kwargs[attrs[key]] = _build(tp, value, f"{path}.")
-        else:
-            kwargs[attrs[key]] = _check_value(path, value, tp)
-    return cls(**kwargs)
-
-
-def all_keys(cls: type = Config, prefix: str = "") -> list[str]:
-    """Every dotted key of the tree, e.g. 'algo.clip_high'."""
-    keys = []
-    for f in dataclasses.fields(cls):
-        tp = _hints(cls)[f.name]
-        if dataclasses.is_dataclass(tp):
-            keys += all_keys(tp, f"{prefix}{_key(f)}.")
-        else:
-            keys.append(f"{prefix}{f.name}")
-    return keys
-
-
-def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str]]:
-    """(dotted key, default as YAML, help) for every key: feeds --help and docs/config.md."""
-    rows = []
-    default = cls()
-    for f in dataclasses.fields(cls):
-        tp = _hints(cls)[f.name]
-        value = getattr(default, f.name)
-        if dataclasses.is_dataclass(tp):
-            rows += describe(tp, f"{prefix}{_key(f)}.")
-        else:
-            shown = yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
-            rows.append((f"{prefix}{f.name}", shown, f.metadata.get("help", "")))
-    return rows
-
-
-# ----------------------------------------------------------------------------- presets
-
-
-def _preset_dir() -> Path:
-    return Path(str(resources.files("ragen2") / "configs"))
-
-
-# A preset name is ENV, ENV-ALGO or ENV-ALGO-FILTER: one file from each of these folders, in this order.
-_PRESET_PARTS = ("envs", "algos", "filters")
-
-
-def _preset_choices() -> dict[str, list[str]]:
-    """{folder: preset file stems} for the parts of a composed preset name."""
-    d = _preset_dir()
-    return {part: sorted(p.stem for p in (d / part).glob("*.yaml")) for part in _PRESET_PARTS}
-
-
-def preset_names() -> list[str]:
-    """Presets are `ENV`, `ENV-ALGO` (e.g. `frozenlake-ppo`) or `ENV-ALGO-FILTER` (e.g.
-    `sokoban-ppo-nofilter`), plus any file in configs/."""
-    choices = _preset_choices()
-    extra = sorted(p.stem for p in _preset_dir().glob("*.yaml"))
-    pairs = [f"{e}-{a}" for e in choices["envs"] for a in choices["algos"]]
-    return extra + choices["envs"] + pairs + [f"{p}-{f}" for p in pairs for f in choices["filters"]]
-
-
-def preset_pattern() -> str:
-    """The preset names in one line (listing all of them would take a page)."""
-    parts = "; ".join(
-        f"{part.removesuffix('s').upper()} one of {', '.join(f'`{c}`' for c in choices)}"
-        for part, choices in _preset_choices().items()
-    )
-    extra = "".join(f"; also `{p.stem}`" for p in sorted(_preset_dir().glob("*.yaml")))
-    names = "`ENV`, `ENV-ALGO` or `ENV-ALGO-FILTER` (e.g. `sokoban-ppo-nofilter`)"
-    return f"{names}, layered in that order, with {parts}{extra}"
-
-
-def _load_yaml(path: Path) -> dict[str, Any]:
-    """A config file's mapping; refuses invalid YAML (with its line and column) and an empty file."""
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(
-            f"{path}: invalid YAML{where}: {problem}; write one `key: value` per line, nested keys indented"
-        ) from e
-    if data is None:
-        raise ConfigError(
-            f"{path} is empty (nothing but blanks or comments): a config file must set at least one key, "
-            "e.g. `trainer: {total_steps: 50}`"
-        )
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: a config file must be a mapping of keys, got {type(data).__name__}")
-    return data
-
-
-def preset_layers(name: str) -> list[dict[str, Any]]:
-    """The YAML layers a preset name stands for, lowest priority first."""
-    d = _preset_dir()
-    if (d / f"{name}.yaml").exists():
-        return [_load_yaml(d / f"{name}.yaml")]
-    files = [d / part / f"{stem}.yaml" for part, stem in zip(_PRESET_PARTS, name.split("-"))]
-    if len(name.split("-")) <= len(_PRESET_PARTS) and all(f.exists() for f in files):
-        return [_load_yaml(f) for f in files]
-    external = _external_preset(name)
-    if external is not None:
-        return external
-    path = Path(name)
-    if path.suffix in (".yaml", ".yml") and path.is_file():
-        return [_load_yaml(path)]
-    if path.suffix in (".yaml", ".yml"):
-        raise ConfigError(f"preset file {name} does not exist; pass an existing .yaml file or a preset name "
-                          f"({preset_pattern()})")
-    raise ConfigError(
-        f"unknown preset {name!r}; presets: {preset_pattern()} (or a path to a .yaml file)."
-        + did_you_mean(name, preset_names())
-    )
-
-
-def _external_preset(name: str) -> list[dict[str, Any]] | None:
-    """Another suite's environment as a preset: `textarena:Sudoku-v0`, optionally followed by -ALGO[-FILTER]."""
-    from ragen2.envs.external import is_external
-
-    if not is_external(name):
-        return None
-    choices, parts = _preset_choices(), name.split("-")
-    for tail in (2, 1, 0):  # the longest -ALGO-FILTER / -ALGO suffix that names shipped files
-        env, rest = "-".join(parts[: len(parts) - tail]), parts[len(parts) - tail:]
-        if all(stem in choices[part] for part, stem in zip(_PRESET_PARTS[1:], rest)) and len(parts) > tail:
-            return [{"env": {"name": env}}] + [_load_yaml(_preset_dir() / p / f"{s}.yaml") for p, s in zip(_PRESET_PARTS[1:], rest)]
-    return None
-
-
-def load_config(preset: str | None = None, overrides: list[str] | None = None) -> Config:
-    """Defaults <- preset layers <- `a.b=c` overrides, validated into a `Config`."""
-    layers = [OmegaConf.create(layer) for layer in (preset_layers(preset) if preset else [])]
-    for item in overrides or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"override {item!r} must look like key=value, e.g. algo.name=ppo")
-        if key == "env":  # `env=frozenlake` is shorthand for env.name=frozenlake
-            item = f"env.name={value}"
-        layers.append(OmegaConf.from_dotlist([item]))
-    merged = OmegaConf.to_container(OmegaConf.merge(*layers), resolve=True) if layers else {}
-    config = _build(Config, _async_defaults(merged), "")
-    validate(config)
-    return config
-
-
-def _async_defaults(merged: dict[str, Any]) -> dict[str, Any]:
-    """With async.enable and async.max_staleness above 0, algo.rollout_is=token (truncated at
-    algo.rollout_is_threshold, 2.0) unless a layer sets algo.rollout_is, null included: stale samples
-    are corrected by default."""
-    a = merged.get("async") or {}
-    staleness = a.get("max_staleness", AsyncConfig.max_staleness)
-    if a.get("enable") and isinstance(staleness, int) and staleness > 0 and "rollout_is" not in (
-            merged.get("algo") or {}):
-        merged = {**merged, "algo": {**(merged.get("algo") or {}), "rollout_is": "token"}}
-    return merged
-
-
-# Largest learning rate `validate` accepts. Adam moves each weight by about lr per step, so above 1 one
-# update overwrites the weights; optim.lr=1e30 made the policy's logits non-finite after one step.
-MAX_LR = 1.0
-
-# The algorithms whose advantage is GRPO's group-normalised return (RAGEN's adv_estimator=grpo), the only
-# ones RAGEN's soft advantage reweighting and length weighting apply to.
-GROUP_NORMALISED = ("grpo", "drgrpo", "dapo")
-REWARD_METRICS = ("reward_variance", "reward_std", "mean_reward")  # filter metrics computed from returns alone
-
-
-# A step holds every episode's response tokens at once; 8 bytes a token (one int64 id) is a floor, as
-# the Python lists and tensors that hold them take several times that. Sizes whose floor exceeds the
-# machine's memory cannot fit, and were met as a silent hang (rollout.group_size=1000000000).
-TOKEN_BYTES_FLOOR = 8
-# More steps than any run takes (10^7 steps of 1 s is four months): a larger count is a typo, and it
-# would stretch a decaying learning-rate schedule to nothing.
-MAX_TOTAL_STEPS = 10**7
-
-
-def check_sizes(config: Config, memory_bytes: int | None = None) -> None:
-    """Refuse a step or evaluation whose episodes cannot fit in memory, and absurd step counts."""
-    r, t = config.rollout, config.trainer
-    if t.total_steps > MAX_TOTAL_STEPS:
-        raise ConfigError(f"trainer.total_steps={t.total_steps:,} is more than any run takes; use at most "
-                          f"{MAX_TOTAL_STEPS:,} (10^7 steps of one second each run for four months)")
-    memory = memory_bytes or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    sizes = [("rollout.num_groups x rollout.group_size", r.num_groups * r.group_size, "episodes a step")]
-    if t.eval_every > 0:
-        sizes.append(("trainer.eval_episodes", t.eval_episodes, "episodes an evaluation"))
-    for keys, episodes, what in sizes:
-        floor = episodes * r.max_turns * r.max_tokens_per_turn * TOKEN_BYTES_FLOOR
-        if floor > memory:
-            raise ConfigError(
-                f"{keys} = {episodes:,} {what}, each up to rollout.max_turns x rollout.max_tokens_per_turn = "
-                f"{r.max_turns} x {r.max_tokens_per_turn} tokens: their token ids alone need at least "
-                f"{floor / 2**30:,.0f} GiB, more than this machine's {memory / 2**30:,.0f} GiB. Use fewer "
-                f"(the reference uses 128 x 16 = 2,048 episodes a step and 512 held-out ones)"
-            )
-
-
-def check_env_kwargs(key: str, name: str, kwargs: dict[str, Any]) -> None:
-    """Building one instance checks `kwargs` against the constructor, with its own message prefixed by `key`."""
-    from ragen2 import envs
-
-    try:
-        envs.make(name, **kwargs)
-    except (TypeError, ConfigError) as e:
-        raise ConfigError(f"{key} for {name!r}: {e}") from e
-
-
-def validate(config: Config) -> None:
-    """Refuse settings that cannot work, with the reason, before any work starts."""
-    if config.agent.entrypoint is not None:
-        _validate_agent(config)
-    else:
-        _validate_env(config)
-    _validate_async(config)
-    r, a = config.rollout, config.algo
-    for key, value in [
-        ("algo.ppo_epochs", a.ppo_epochs),
-        ("algo.mini_batch_size", a.mini_batch_size),
-        ("algo.micro_batch_size", a.micro_batch_size),
-        ("trainer.total_steps", config.trainer.total_steps),
-        ("trainer.max_skipped_steps", config.trainer.max_skipped_steps),
-    ]:
-        if value < 1:
-            raise ConfigError(f"{key}={value} must be at least 1")
-    for key, value in [
-        ("trainer.eval_every", config.trainer.eval_every),
-        ("trainer.save_every", config.trainer.save_every),
-        ("optim.warmup_steps", config.optim.warmup_steps),
-        ("logging.sample_every", config.logging.sample_every),
-        ("logging.sample_trajectories", config.logging.sample_trajectories),
-    ]:
-        if value < 0:
-            raise ConfigError(f"{key}={value} must be 0 or more (0 turns it off)")
-    for key, value in [("optim.lr", config.optim.lr), ("algo.critic_lr", a.critic_lr)]:
-        if not (math.isfinite(value) and 0 <= value <= MAX_LR):
-            raise ConfigError(
-                f"{key}={value!r} is not allowed: use a finite learning rate in [0, {MAX_LR:g}] (0 freezes the "
-                "weights); fine-tuning uses about 1e-6 to 1e-3, the tiny policy 1e-4 to 1e-3"
-            )
-    t = config.trainer
-    check_sizes(config)
-    if not config.logging.progress_interval_s > 0:
-        raise ConfigError(f"logging.progress_interval_s={config.logging.progress_interval_s} is not allowed: "
-                          "use a number of seconds > 0 (default 60)")
-    if t.eval_every > 0 and t.eval_episodes < 1:
-        raise ConfigError(
-            f"trainer.eval_episodes={t.eval_episodes} is not allowed while evaluation is on "
-            f"(trainer.eval_every={t.eval_every}): use an integer >= 1 (reference: 512), or trainer.eval_every=0 "
-            "to turn evaluation off"
-        )
-    if a.name == "dapo" and a.kl_coef > 0:
-        raise ConfigError(
-            f"algo.name=dapo has no KL penalty, but algo.kl_coef={a.kl_coef}; set algo.kl_coef=0, "
-            "or use algo.name=grpo for clip-higher with a KL penalty."
-        )
-    if a.bi_level_gae and a.name != "ppo":
-        raise ConfigError(f"algo.bi_level_gae=true needs the critic of algo.name=ppo, not algo.name={a.name}")
-    if a.turn_rewards and a.name not in ("ppo", "reinforce_pp"):
-        raise ConfigError(f"algo.turn_rewards=true places rewards on tokens, which only algo.name=ppo and "
-                          f"reinforce_pp read; algo.name={a.name} uses the episode return (gigpo: the turns' "
-                          "rewards already)")
-    if a.reward_norm_method != "identity" and (a.turn_rewards or a.name == "gigpo"):
-        raise ConfigError(f"algo.reward_norm_method={a.reward_norm_method} normalises episode returns, but "
-                          + ("algo.turn_rewards=true" if a.turn_rewards else "algo.name=gigpo")
-                          + " trains on each turn's reward (RAGEN refuses it with use_turn_scores too); set "
-                          "algo.reward_norm_method=identity")
-    if a.kl_in_reward and a.name not in ("ppo", "reinforce_pp"):
-        raise ConfigError(f"algo.kl_in_reward=true puts the KL penalty on token rewards, which only algo.name=ppo and "
-                          f"reinforce_pp read, not algo.name={a.name}; use algo.kl_coef for a KL loss term")
-    adaptive_ok = a.kl_ctrl == "fixed" or (a.kl_target > 0 and a.kl_horizon > 0)
-    if a.kl_in_reward and not (a.kl_reward_coef >= 0 and adaptive_ok):
-        raise ConfigError(f"algo.kl_reward_coef={a.kl_reward_coef}, algo.kl_target={a.kl_target} and "
-                          f"algo.kl_horizon={a.kl_horizon} are not allowed: use a coefficient >= 0 and a target and "
-                          "horizon > 0 (verl: 0.001, 0.1, 10000)")
-    f = config.filter
-    if f.level == "anchor":
-        needs = [(a.name == "gigpo", f"algo.name=gigpo (not {a.name})"),
-                 (f.trajectory_keep == 1, f"filter.trajectory_keep=1 (not {f.trajectory_keep})"),
-                 (f.metric in REWARD_METRICS, f"filter.metric {'/'.join(REWARD_METRICS)} (not {f.metric})")]
-        missing = [what for ok, what in needs if not ok]
-        if missing:
-            raise ConfigError("filter.level=anchor ranks GiGPO's anchor-state groups by their step returns and needs "
-                              + ", ".join(missing) + "; filter.level=prompt ranks prompt groups")
-    if f.scope == "tag" and f.level == "anchor":
-        raise ConfigError("filter.scope=tag ranks prompt groups within each tag; it does not work with "
-                          "filter.level=anchor: use filter.scope=batch or filter.level=prompt")
-    for key, on in (("soft_advantage_reweight", a.soft_advantage_reweight),
-                    ("grpo_advantage_length_weight", a.grpo_advantage_length_weight)):
-        if on and a.name not in GROUP_NORMALISED:
-            raise ConfigError(f"algo.{key}=true applies to GRPO's advantages (algo.name={', '.join(GROUP_NORMALISED)}), "
-                              f"as in RAGEN, not to algo.name={a.name}")
-    if a.name in ("grpo", "drgrpo", "dapo", "rloo", "reinforce_pp_baseline", "gigpo") and r.group_size < 2:
-        raise ConfigError(
-            f"algo.name={a.name} needs rollout.group_size >= 2 (its baseline is the group mean); "
-            f"got {r.group_size}. Use algo.name=ppo or reinforce_pp for single rollouts."
-        )
-    spread_metrics = ("reward_variance", "reward_std", "entropy_variance", "entropy_std")
-    if config.filter.strategy != "none" and config.filter.metric in spread_metrics and r.group_size < 2:
-        raise ConfigError(
-            f"filter.metric={config.filter.metric} needs rollout.group_size >= 2; "
-            "set filter.strategy=none or a larger group."
-        )
-    if r.tool_calls and config.agent.entrypoint is None:
-        from ragen2 import envs
-
-        if not envs.make(config.env.name, **config.env.kwargs).tools:
-            raise ConfigError(f"rollout.tool_calls=true needs an environment that declares tools; "
-                              f"env.name={config.env.name} has none (searchqa, code, webshop and mcp:NAME do)")
-        if r.context_turns is not None or r.max_model_len is not None:
-            raise ConfigError(f"rollout.tool_calls=true shows the whole history (tool results answer earlier "
-                              f"calls): set rollout.context_turns=null and rollout.max_model_len=null (now "
-                              f"{r.context_turns} and {r.max_model_len})")
-    if not r.enable_think and config.collapse.enable:
-        logging.getLogger("ragen2").warning(
-            "rollout.enable_think=false: turns have no reasoning, so the collapse proxies have nothing to score "
-            "(collapse_*/num_pairs 0, valid_thinking_rate 0, the proxies n/a); collapse.enable=false skips them"
-        )
-    if r.backend == "vllm" and config.model.lora_rank > 0:
-        raise ConfigError(
-            f"rollout.backend=vllm pushes full weights to vLLM, but model.lora_rank={config.model.lora_rank}; "
-            "set model.lora_rank=0 or rollout.backend=hf."
-        )
-    if config.model.fsdp:
-        unsupported = [(config.model.lora_rank > 0, f"model.lora_rank={config.model.lora_rank} (LoRA)"),
-                       (config.grad_snr.enable, "grad_snr.enable=true (the probe needs full gradients)")]
-        for refused, what in unsupported:
-            if refused:
-                raise ConfigError(f"model.fsdp=true does not work with {what}; turn one of them off (docs/scaling.md)")
-    if config.trainer.eval_temperature < 0:
-        raise ConfigError(f"trainer.eval_temperature={config.trainer.eval_temperature} must be >= 0")
-    if a.clip_low < 0 or a.clip_high < 0:
-        raise ConfigError("algo.clip_low and algo.clip_high must be >= 0")
-
-
-def _validate_async(config: Config) -> None:
-    """What asynchronous training runs today (docs/scaling.md): trainer and rollout processes on the HF backend,
-    with the environment loop or an agent loop; the filter ranks extra candidates at prompt level. The ranks
-    are checked against the launcher's world when the run starts (ragen2.rl.async_rollout.launched_roles)."""
-    c = config.async_
-    if not c.enable:
-        return
-    if c.rollout_ranks:
-        if c.max_staleness == 0:
-            raise ConfigError(f"async.rollout_ranks={c.rollout_ranks} needs async.max_staleness > 0: at 0 the run "
-                              "is the synchronous one, without rollout ranks; leave it [] or raise the staleness")
-        if min(c.rollout_ranks) < 0 or len(set(c.rollout_ranks)) < len(c.rollout_ranks):
-            raise ConfigError(f"async.rollout_ranks={c.rollout_ranks}: give distinct global ranks, 0 or more")
-        if c.local_workers != 1:
-            raise ConfigError(f"async.local_workers={c.local_workers} is for a run without a launcher; under one, "
-                              f"async.rollout_ranks={c.rollout_ranks} names the ranks that generate: leave it at 1")
-    if c.partial_rollouts and c.max_staleness == 0:
-        raise ConfigError("async.partial_rollouts=true needs async.max_staleness > 0: at 0 the run is the "
-                          "synchronous one, whose episodes never span an update")
-    if c.partial_rollouts and config.agent.entrypoint:
-        raise ConfigError("async.partial_rollouts=true switches weights between the turns of the environment loop; "
-                          "an agent loop (agent.entrypoint) plays its episodes with one version: leave it false")
-    if c.max_staleness > 0:
-        if config.rollout.backend != "hf":
-            raise ConfigError(f"rollout.backend={config.rollout.backend} does not work with async.max_staleness="
-                              f"{c.max_staleness} yet (the rollout worker runs rollout.backend=hf only); use "
-                              "async.max_staleness=0")
-        if config.agent.entrypoint and config.agent.port != 0:
-            raise ConfigError(f"agent.port={config.agent.port} with async.max_staleness={c.max_staleness}: every rollout "
-                              "worker and the trainer (for evaluation) start an endpoint, and they cannot share a "
-                              "port: use agent.port=0 (each takes a free one)")
-    if c.oversample != 1:
-        if config.env.mixture is not None or config.filter.level != "prompt":
-            raise ConfigError(f"async.oversample={c.oversample} needs one environment and filter.level=prompt "
-                              "(extra candidates of a mixture or of anchor groups are not supported): leave it at 1")
-
-
-def _validate_env(config: Config) -> None:
-    """env.name is registered and env.kwargs fit its constructor, or the mixture's entries do (`check_mixture`)."""
-    from ragen2 import envs
-    from ragen2.envs.external import SUITES
-
-    if config.env.mixture is None:  # with a mixture env.name is unused, and check_mixture checks the entries
-        if not envs.exists(config.env.name):
-            raise ConfigError(
-                f"env.name={config.env.name!r} is not a registered environment; valid: {', '.join(envs.names())}, "
-                f"or a suite's game ({', '.join(f'{s}:GAME' for s in SUITES)}, e.g. textarena:TowerOfHanoi-v0)."
-                + did_you_mean(config.env.name, envs.names())
-            )
-        check_env_kwargs("env.kwargs", config.env.name, config.env.kwargs)
-    if config.env.mixture is not None or config.env.eval is not None:
-        from ragen2.mixture import check_mixture
-
-        check_mixture(config)
-
-
-def _validate_agent(config: Config) -> None:
-    """agent.entrypoint names a function of two arguments, and the settings it needs hold."""
-    from ragen2.serve.entrypoint import load_entrypoint
-
-    missing = [name for name in ("openai", "fastapi", "uvicorn") if importlib.util.find_spec(name) is None]
-    if missing:
-        raise ConfigError(f"agent.entrypoint needs {', '.join(missing)}, which are not installed: "
-                          "pip install 'ragen2[agents]'")
-    load_entrypoint(config.agent.entrypoint)
-    g = config.agent
-    if not (g.batch_wait_s >= 0 and g.request_timeout_s > 0 and 0 <= g.port <= 65535):
-        raise ConfigError(f"agent.batch_wait_s={g.batch_wait_s}, agent.request_timeout_s={g.request_timeout_s}, "
-                          f"agent.port={g.port}: need a wait >= 0 s, a timeout > 0 s and a port in 0..65535")
-    if config.env.mixture is not None or config.env.eval is not None:
-        raise ConfigError("agent.entrypoint runs the agent's own loop, not ragen2's environments: "
-                          "leave env.mixture and env.eval unset")
-    if config.rollout.backend != "hf":
-        raise ConfigError(f"agent.entrypoint serves the policy with rollout.backend=hf; "
-                          f"rollout.backend={config.rollout.backend} is not supported there")
-
-
-def to_dict(config: Config) -> dict[str, Any]:
-    return {_key(f): dataclasses.asdict(getattr(config, f.name)) for f in dataclasses.fields(config)}
-
-
-def save_config(config: Config, path: Path) -> None:
-    path.write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
-
-
-def config_from_file(path: Path) -> Config:
-    """Re-load a resolved config.yaml written by `save_config` (for --resume and eval)."""
-    config = _build(Config, _load_yaml(path), "")
-    validate(config)
-    return config
-
-
-def _cell(text: str) -> str:
-    """Text for a Markdown table cell: `|` escaped (GitHub renders `\\|` as `|`, code spans included)."""
-    return text.replace("|", "\\|")
-
-
-def config_markdown() -> str:
-    """docs/config.md, generated from the dataclasses so it never drifts from the code."""
-    lines = [
-        "# Configuration",
-        "",
-        "Generated from `ragen2/config.py` (`python -m ragen2.config > docs/config.md`); a test keeps it current.",
-        "",
-        "Set keys as `key=value` after the preset: `ragen2 train frozenlake-ppo algo.clip_high=0.3`.",
-        f"Presets: {preset_pattern()}.",
-        "`ragen2 train` with no preset runs `default` (ragen2/configs/default.yaml, FrozenLake from a part-way "
-        "policy); the defaults below, with no preset at all (`load_config()`), are Sokoban's run.",
-        "",
-        "| key | default | meaning |",
-        "|---|---|---|",
-    ]
-    lines += [f"| `{k}` | `{_cell(d)}` | {_cell(h)} |" for k, d, h in describe()]
-    return "\n".join(lines) + "\n"
-
-
-if __name__ == "__main__":
-    print(config_markdown(), end="")
