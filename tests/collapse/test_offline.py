@@ -11,16 +11,8 @@ import pytest
 
 from ragen2.collapse import score_matrix_naive
 from ragen2.collapse.heatmap import column_zscores, draw_heatmap, heatmap_figure
-from ragen2.collapse.offline import (
-    Record,
-    diagnose,
-    pairs_to_tell_from_chance,
-    read_rollouts,
-    reading,
-    render_prompt,
-    select_pairs,
-    split_completion,
-)
+from ragen2.collapse.offline import diagnose, pairs_to_tell_from_chance, reading, render_prompt, select_pairs
+from ragen2.collapse.rollout_files import Record, read_rollouts, split_completion
 from ragen2.errors import RolloutFormatError
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ragen2.cli import main
-from ragen2.collapse.offline import read_rollouts
+from ragen2.collapse.rollout_files import read_rollouts
 
 # Two prompts, decoded as verl decodes them (skip_special_tokens=True: no chat-template tokens).
 PROMPTS = ["user\nRoom 1: player at (row 1, col 2).\nassistant\n", "user\nRoom 2: box at (row 3, col 1).\nassistant\n"]
