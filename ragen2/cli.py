@@ -91,7 +91,8 @@ def _config_help() -> str:
 
 
 def cmd_warmstart(args: argparse.Namespace) -> int:
-    from ragen2.models.warmstart import compare_weights, make_config, parse_settings, shipped_policy, warmstart
+    from ragen2.models.policy_store import compare_weights, shipped_policy
+    from ragen2.models.warmstart import make_config, parse_settings, warmstart
 
     settings = parse_settings(args.settings)
     if args.envs:

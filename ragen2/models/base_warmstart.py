@@ -43,16 +43,8 @@ from ragen2.models.demos import PRETRAINED_ORACLES
 from ragen2.models.lora import add_lora
 from ragen2.models.tiny import TOOLS_CHAT_TEMPLATE
 from ragen2.progress import heartbeat
-from ragen2.models.warmstart import (
-    INFO_FILE,
-    WarmStartConfig,
-    demo_env,
-    demo_samples,
-    make_config,
-    make_demos,
-    save_atomically,
-    sft,
-)
+from ragen2.models.policy_store import INFO_FILE, save_atomically
+from ragen2.models.warmstart import WarmStartConfig, demo_env, demo_samples, make_config, make_demos, sft
 
 log = logging.getLogger(__name__)
 

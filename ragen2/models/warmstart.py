@@ -10,7 +10,8 @@ about three minutes on two cores, and caches it.
         ─► tiny.build_model ─► SFT on the response tokens ─► save_pretrained (atomic) ─► cache
 
 Demonstrations go through `ragen2.agent.Conversation`, the code path that builds rollout
-samples, so the warm start trains on exactly the token layout RL later trains on.
+samples, so the warm start trains on exactly the token layout RL later trains on. Where a built
+policy is kept (the cache, the copies shipped in the package) is `ragen2.models.policy_store`.
 """
 
 from __future__ import annotations
@@ -22,10 +23,7 @@ import hashlib
 import json
 import logging
 import math
-import os
 import re
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -45,6 +43,7 @@ from ragen2.envs.base import TextEnv
 from ragen2.errors import ConfigError, did_you_mean
 from ragen2.envs.sokoban import SokobanEnv
 from ragen2.models.demos import ORACLES, DemoEpisode, Oracle, play_demo, sokoban_novice
+from ragen2.models.policy_store import INFO_FILE, save_atomically, shipped_policy
 from ragen2.models.tiny import (
     TOOL_TAG_TOKENS, TOOLS_CHAT_TEMPLATE, TOOLS_POSTAMBLE, TOOLS_PREAMBLE, build_model, build_tokenizer,
 )
@@ -53,8 +52,6 @@ log = logging.getLogger(__name__)
 
 # Bump when the demonstrations, the tokenizer or the training change, so old caches are not reused.
 WARMSTART_VERSION = "3"
-
-INFO_FILE = "warmstart.json"
 
 # How the environments name a grid cell; every cell named in the demonstrations becomes one token.
 CELL_PATTERN = re.compile(r"\(row \d+, col \d+\)")
@@ -220,36 +217,11 @@ def cache_path(config: WarmStartConfig, cache_dir: str | Path | None = None) -> 
     return Path(cache_dir or default_cache_dir()) / f"tiny-policy-{config.key()}"
 
 
-# Warm starts that ship inside the package, one directory each, found by the key in their INFO_FILE. A
-# part-way policy lands wherever the CPU's float rounding takes it (the default run's 700 steps: 0.375
-# held-out success under ATEN_CPU_CAPABILITY=avx512, 0.195 under avx2, 0.586 under default), so
-# the default run's starting policy ships as built once, on an AVX-512 CPU, and is the same policy on
-# every machine. `ragen2 warmstart` still rebuilds it, into the cache (docs/models.md).
-SHIPPED_DIR = Path(__file__).parent / "shipped"
-
-
-def shipped_policy(key: str) -> Path | None:
-    """The shipped warm start whose settings have this key, if there is one."""
-    if not SHIPPED_DIR.is_dir():
-        return None
-    return next((path for path in sorted(SHIPPED_DIR.iterdir()) if _stored_key(path) == key), None)
-
-
 def ensure_tiny_policy(seed: int = 0, cache_dir: str | Path | None = None, envs: tuple[str, ...] = CORE_ENVS) -> Path:
     """The directory of the tiny policy warm-started on `envs`: the shipped one where its settings match
     (`shipped_policy`), else built on first use and cached after."""
     config = make_config(seed, {"envs": envs})
     return shipped_policy(config.key()) or warmstart(cache_path(config, cache_dir), seed=seed, envs=envs)
-
-
-def compare_weights(a: str | Path, b: str | Path) -> float:
-    """The largest absolute difference between two saved models' weights (0.0: bit for bit the same)."""
-    from safetensors.torch import load_file
-
-    first, second = load_file(Path(a) / "model.safetensors"), load_file(Path(b) / "model.safetensors")
-    if first.keys() != second.keys():
-        return math.inf
-    return max(float((first[k] - second[k]).abs().max()) for k in first)
 
 
 def warmstart(
@@ -290,43 +262,6 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-def save_atomically(out: Path, key: str, build: Callable[[Path], None], force: bool = False) -> Path:
-    """`build(tmp)` into a temporary sibling of `out`, renamed to `out` when complete; returns `out`.
-
-    Shared by every warm start so that none can leave a half-written directory that looks
-    complete. `out` is reused when its INFO_FILE holds `key` (unless `force`); a non-empty
-    `out` holding anything else is refused rather than overwritten.
-    """
-    if out.exists() and not force:
-        if _stored_key(out) == key:
-            log.debug("warm start: reusing %s", out)
-            return out
-        if any(out.iterdir()):
-            raise ConfigError(
-                f"{out} exists and does not hold a warm start with these settings (key {key}); "
-                "choose another directory or pass force=True to replace it"
-            )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        build(tmp)
-        if force and out.exists():
-            shutil.rmtree(out)
-        try:
-            os.rename(tmp, out)  # atomic; fails when `out` is a non-empty directory
-        except OSError:
-            if _stored_key(out) != key:
-                raise
-            log.info("warm start: another process saved %s first; using it", out)
-            shutil.rmtree(tmp)
-            return out
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    log.info("warm start: saved %s", out)
-    return out
-
-
 # Settings a user may set on the command line (`ragen2 warmstart hidden_size=512 ...`); seed and
 # envs have their own flags, the per-environment dictionaries stay code-level.
 CLI_SETTINGS = (
@@ -363,13 +298,6 @@ def make_config(seed: int, settings: dict[str, Any]) -> WarmStartConfig:
             raise ConfigError(f"unknown warmstart setting {key!r}; valid: {', '.join(n for n in names if n != 'seed')}." + did_you_mean(key, names))
     envs = tuple(settings.get("envs", CORE_ENVS))
     return WarmStartConfig(seed=seed, **(POLICY_SETTINGS.get(envs, {}) | settings))
-
-
-def _stored_key(path: Path) -> str | None:
-    try:
-        return json.loads((path / INFO_FILE).read_text())["key"]
-    except (OSError, ValueError, KeyError):
-        return None
 
 
 def _build(config: WarmStartConfig, out: Path, device: torch.device) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from ragen2.agent import GenerationOutput, RolloutConfig, rollout
 from ragen2.envs import make
 from ragen2.errors import ConfigError
+from ragen2.models import policy_store
 from ragen2.models import warmstart as ws
 from ragen2.models.demos import play_demo
 from ragen2.models.tiny import TOOL_TAG_TOKENS, TOOLS_CHAT_TEMPLATE
@@ -268,7 +270,7 @@ def test_the_default_runs_policy_ships_with_the_package_and_nothing_is_built(tmp
 
     monkeypatch.setenv("RAGEN2_CACHE", str(tmp_path))
     path = ws.Path(resolve_model_path("tiny:frozenlake"))
-    assert path.parent == ws.SHIPPED_DIR
+    assert path.parent == policy_store.SHIPPED_DIR
     assert list(tmp_path.iterdir()) == []
     info = json.loads((path / ws.INFO_FILE).read_text())
     assert info["key"] == ws.make_config(0, {"envs": ("frozenlake",)}).key() == "ea5387713e48"
@@ -280,14 +282,14 @@ def test_the_default_runs_policy_ships_with_the_package_and_nothing_is_built(tmp
 def test_compare_weights_is_zero_for_a_copy_and_the_largest_difference_otherwise(built, tmp_path):
     from safetensors.torch import load_file, save_file
 
-    assert ws.compare_weights(built, built) == 0.0
+    assert policy_store.compare_weights(built, built) == 0.0
     tensors = load_file(built / "model.safetensors")
     name = sorted(tensors)[0]
     tensors[name] = tensors[name].clone()
     tensors[name].view(-1)[3] += 0.25
     (tmp_path / "other").mkdir()
     save_file(tensors, tmp_path / "other" / "model.safetensors")
-    assert ws.compare_weights(built, tmp_path / "other") == pytest.approx(0.25)
+    assert policy_store.compare_weights(built, tmp_path / "other") == pytest.approx(0.25)
 
 
 def test_warmstart_cli_says_whether_a_rebuild_of_a_shipped_policy_is_bit_for_bit_the_same(built, tmp_path,
@@ -296,8 +298,8 @@ def test_warmstart_cli_says_whether_a_rebuild_of_a_shipped_policy_is_bit_for_bit
 
     shipped = tmp_path / "shipped"
     shipped.mkdir()
-    ws.shutil.copytree(built, shipped / "policy")
-    monkeypatch.setattr(ws, "SHIPPED_DIR", shipped)
+    shutil.copytree(built, shipped / "policy")
+    monkeypatch.setattr(policy_store, "SHIPPED_DIR", shipped)
     settings = [f"{k}={v}" for k, v in TINY.items()]
     assert main(["warmstart", "--out", str(tmp_path / "rebuilt"), *settings]) == 0
     out = capsys.readouterr().out
