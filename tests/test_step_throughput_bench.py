@@ -26,13 +26,6 @@ def bench():
 
 
 @pytest.fixture(scope="module")
-def policy_dir(tmp_path_factory, save_random_policy) -> Path:
-    path = tmp_path_factory.mktemp("policy")
-    save_random_policy(path)
-    return path
-
-
-@pytest.fixture(scope="module")
 def tokenizer(policy_dir):
     from transformers import AutoTokenizer
 

@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from chat_templates import QWEN25_TOOLS
+from helpers import fine_tune
 from ragen2 import envs
 from ragen2.agent.backends import HFBackend
 from ragen2.agent.parsing import ResponseFormat
@@ -22,7 +23,7 @@ from ragen2.envs import eval_seeds
 from ragen2.errors import ConfigError
 from ragen2.models import warmstart as ws
 from ragen2.models.loading import load_policy
-from ragen2.models.tiny import build_model, build_tokenizer
+from ragen2.models.tiny import build_tokenizer
 from ragen2.rl.trainer import train
 
 ENV_KWARGS = {"top_k": 1, "snippet_chars": 40, "max_actions": 3}
@@ -82,9 +83,6 @@ def demonstrations(seeds) -> list[list[tuple[str, str | list[str]]]]:
 @pytest.fixture(scope="module")
 def searchqa_tool_policy(tmp_path_factory):
     """A tiny policy fine-tuned on the solver's tool calls; its template renders tools Qwen2.5's way."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
     episodes = demonstrations(range(8))
     env = envs.make("searchqa", **ENV_KWARGS)
     corpus = [env.tool_instruction, json.dumps(env.tools)] + [
@@ -102,23 +100,11 @@ def searchqa_tool_policy(tmp_path_factory):
                 conv.add_observation("", env.max_actions, tool_results=shown)
             conv.add_response_text(response)
         rows += conv.samples()
-    model = build_model(tokenizer, hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128)
-    width = max(len(ids) for ids, _ in rows)
-    ids = torch.tensor([r + [tokenizer.pad_token_id] * (width - len(r)) for r, _ in rows])
-    labels = torch.tensor([[t if m else -100 for t, m in zip(r, mask)] + [-100] * (width - len(r)) for r, mask in rows])
-    attention = (torch.arange(width)[None] < torch.tensor([len(r) for r, _ in rows])[:, None]).long()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-3)
+    labelled = [(ids, [t if m else -100 for t, m in zip(ids, mask)]) for ids, mask in rows]
+    path = tmp_path_factory.mktemp("searchqa_tools")
     # 60 steps passed on one machine and left only 4% and 17% of the turns valid on another (AVX-512, other
     # rounding); 150 steps there: 50% and 56%.
-    for _ in range(150):
-        loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    torch.set_num_threads(threads)
-    path = tmp_path_factory.mktemp("searchqa_tools")
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
+    model = fine_tune(tokenizer, labelled, steps=150, lr=5e-3, path=path)
     return path, model, tokenizer
 
 

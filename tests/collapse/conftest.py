@@ -1,28 +1,10 @@
-"""A tiny tokenizer and random Qwen2 model built from ragen2.models.tiny, and hand-made trajectories."""
+"""Hand-made trajectories over tests/conftest.py's tiny tokenizer (`tiny_tokenizer`, with `tiny_model`)."""
 
 from __future__ import annotations
 
 import pytest
 
 from ragen2.agent.types import Trajectory, Turn
-from ragen2.models.tiny import build_model, build_tokenizer
-
-CORPUS = [
-    "Turn 1:\nState:\n######\n#_PX_#\n#__O_#\n######\nPlayer at (row 1, col 2).",
-    "<think>The box is right of me, so I push it down onto the target.</think><answer>Right || Down</answer>",
-    "<think>Go left then up.</think><answer>Left || Up</answer>",
-    "Arms: Dragon, Turtle. Which arm do you pull? The goal is at (row 3, col 2).",
-] * 10
-
-
-@pytest.fixture(scope="session")
-def tiny_tokenizer():
-    return build_tokenizer(CORPUS, vocab_size=300)
-
-
-@pytest.fixture(scope="session")
-def tiny_model(tiny_tokenizer):
-    return build_model(tiny_tokenizer, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=64)
 
 
 def _turn(tokenizer, prompt: str, reasoning: str) -> Turn:

@@ -5,14 +5,6 @@ from pathlib import Path
 import pytest
 
 
-@pytest.fixture(scope="module")
-def policy_dir(tmp_path_factory, save_random_policy) -> Path:
-    """A tiny random policy on disk, one per test module."""
-    path = tmp_path_factory.mktemp("policy")
-    save_random_policy(path)
-    return path
-
-
 @pytest.fixture(scope="session")
 def small_bandit_policy(tmp_path_factory) -> Path:
     """A small Bandit warm start that answers in format (10 to 13 s, built once per session): for tests

@@ -9,9 +9,10 @@ from collections import defaultdict
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
+from helpers import PROPERTY_SETTINGS, t64
 from ragen2.rl.advantages import (
     broadcast_to_tokens,
     drgrpo_advantages,
@@ -21,12 +22,6 @@ from ragen2.rl.advantages import (
     reinforce_pp_advantages,
     rloo_advantages,
 )
-
-SETTINGS = settings(max_examples=60, deadline=None)
-
-
-def t64(values: list) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.float64)
 
 
 # --- slow references: one Python loop per definition ------------------------------------------
@@ -177,7 +172,7 @@ def test_grpo_rejects_mismatched_shapes() -> None:
         grpo_advantages(torch.zeros(3), torch.zeros(4, dtype=torch.long))
 
 
-@SETTINGS
+@PROPERTY_SETTINGS
 @given(grouped_returns(), st.booleans())
 def test_grpo_matches_loop_reference(case: tuple[list[float], list[int]], scale_by_std: bool) -> None:
     returns, groups = case
@@ -186,7 +181,7 @@ def test_grpo_matches_loop_reference(case: tuple[list[float], list[int]], scale_
     torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-6)
 
 
-@SETTINGS
+@PROPERTY_SETTINGS
 @given(grouped_returns())
 def test_rloo_matches_loop_reference(case: tuple[list[float], list[int]]) -> None:
     returns, groups = case
@@ -194,7 +189,7 @@ def test_rloo_matches_loop_reference(case: tuple[list[float], list[int]]) -> Non
     torch.testing.assert_close(got, t64(rloo_reference(returns, groups)), atol=1e-9, rtol=1e-9)
 
 
-@SETTINGS
+@PROPERTY_SETTINGS
 @given(grouped_returns())
 def test_group_advantages_sum_to_zero_within_each_group(case: tuple[list[float], list[int]]) -> None:
     returns, groups = case
@@ -205,7 +200,7 @@ def test_group_advantages_sum_to_zero_within_each_group(case: tuple[list[float],
             assert abs(float(adv[ids == g].sum())) < 1e-6
 
 
-@SETTINGS
+@PROPERTY_SETTINGS
 @given(grouped_returns())
 def test_rloo_is_rescaled_mean_baseline(case: tuple[list[float], list[int]]) -> None:
     """Leave-one-out equals G / (G - 1) times the mean-baseline advantage (Kool et al. 2019)."""
@@ -217,7 +212,7 @@ def test_rloo_is_rescaled_mean_baseline(case: tuple[list[float], list[int]]) -> 
     torch.testing.assert_close(rloo_advantages(t64(returns), ids), expected, atol=1e-9, rtol=1e-9)
 
 
-@SETTINGS
+@PROPERTY_SETTINGS
 @given(grouped_returns(), finite, st.randoms(use_true_random=False))
 def test_group_advantages_ignore_shift_and_batch_order(
     case: tuple[list[float], list[int]], shift: float, rng: random.Random
@@ -279,7 +274,7 @@ def test_gae_with_unit_gamma_lambda_is_return_minus_value() -> None:
     torch.testing.assert_close(ret, t64([[0, 2, 2, 0, 2, 2, 0], [-1, -1, 0, 0, 0, 0, 0]]))
 
 
-@SETTINGS
+@PROPERTY_SETTINGS
 @given(token_batch(), st.floats(0.0, 1.0), st.floats(0.0, 1.0), st.booleans())
 def test_gae_matches_loop_reference(
     case: tuple[Rows, Rows, list[list[int]]], gamma: float, lam: float, whiten: bool
@@ -293,7 +288,7 @@ def test_gae_matches_loop_reference(
     torch.testing.assert_close(ret, t64(ref_ret), atol=1e-9, rtol=1e-9)
 
 
-@SETTINGS
+@PROPERTY_SETTINGS
 @given(token_batch(), st.floats(-100, 100))
 def test_gae_ignores_masked_out_entries(
     case: tuple[Rows, Rows, list[list[int]]], junk: float
@@ -333,7 +328,7 @@ def test_reinforce_pp_known_answer() -> None:
     torch.testing.assert_close(reinforce_pp_advantages(token_rewards, mask, gamma=0.5), expected)
 
 
-@SETTINGS
+@PROPERTY_SETTINGS
 @given(token_batch(), st.floats(0.0, 1.0))
 def test_reinforce_pp_matches_loop_reference(
     case: tuple[Rows, Rows, list[list[int]]], gamma: float

@@ -6,9 +6,10 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
+from helpers import PROPERTY_SETTINGS, t64
 from ragen2.errors import ConfigError
 from ragen2.rl.losses import (
     AGG_MODES,
@@ -23,12 +24,6 @@ from ragen2.rl.losses import (
     token_logprobs_and_entropy,
     value_loss,
 )
-
-SETTINGS = settings(max_examples=60, deadline=None)
-
-
-def t64(values: list) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.float64)
 
 
 @st.composite
@@ -107,7 +102,7 @@ def test_aggregate_of_all_masked_batch_is_zero() -> None:
         assert float(aggregate(torch.ones(2, 3), torch.zeros(2, 3), mode)) == 0.0
 
 
-@SETTINGS
+@PROPERTY_SETTINGS
 @given(ragged_batch(), st.sampled_from(AGG_MODES), st.sampled_from([None, 3.0]))
 def test_aggregate_matches_loop_reference(
     case: tuple[torch.Tensor, torch.Tensor], mode: str, norm_tokens: float | None
@@ -118,7 +113,7 @@ def test_aggregate_matches_loop_reference(
     assert got == pytest.approx(aggregate_reference(loss, mask, mode, norm), abs=1e-9)
 
 
-@SETTINGS
+@PROPERTY_SETTINGS
 @given(ragged_batch(), st.sampled_from(AGG_MODES), st.integers(1, 5))
 def test_micro_batches_with_batch_counts_sum_to_the_full_loss(
     case: tuple[torch.Tensor, torch.Tensor], mode: str, micro: int
@@ -221,7 +216,7 @@ def test_dual_clip_gradient_support(ratio: float) -> None:
     assert grad == (0.0 if ratio > 3.0 else pytest.approx(ratio))
 
 
-@SETTINGS
+@PROPERTY_SETTINGS
 @given(
     st.lists(
         st.tuples(st.floats(-3, 3), st.floats(-3, 3), st.floats(-2, 2), st.integers(0, 1)),
@@ -333,7 +328,7 @@ def test_k3_stays_finite_in_float32_for_huge_log_ratios(d: float) -> None:
     assert float(k3) == pytest.approx(math.exp(-clamped) + clamped - 1, rel=1e-5)
 
 
-@SETTINGS
+@PROPERTY_SETTINGS
 @given(st.lists(st.floats(-19.9, 19.9), min_size=1, max_size=10))
 def test_k3_equals_the_unclamped_formula_inside_the_clamp(diffs: list[float]) -> None:
     d = t64(diffs)
@@ -349,7 +344,7 @@ def test_default_kl_estimator_is_k1_as_the_ragen_base_config() -> None:
     torch.testing.assert_close(kl_penalty(logp, ref), logp - ref)
 
 
-@SETTINGS
+@PROPERTY_SETTINGS
 @given(st.lists(st.tuples(st.floats(-8, 0), st.floats(-8, 0)), min_size=1, max_size=10))
 def test_kl_estimators_zero_at_equality_and_nonnegative(pairs: list[tuple[float, float]]) -> None:
     logp, ref = t64([p for p, _ in pairs]), t64([r for _, r in pairs])

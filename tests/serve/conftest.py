@@ -7,10 +7,10 @@ from pathlib import Path
 
 import lookup_agent
 import pytest
-import torch
 
 from chat_templates import QWEN25_TOOLS
-from ragen2.models.tiny import build_model, build_tokenizer
+from helpers import fine_tune
+from ragen2.models.tiny import build_tokenizer
 
 TOOL_CALL = '<tool_call>\n{"name": "lookup", "arguments": {"key": "a"}}\n</tool_call>'
 # Half right, so rewards vary within a group; with a reasoning block for the templates that drop it from the history.
@@ -44,29 +44,12 @@ def tool_tokenizer():
 @pytest.fixture(scope="session")
 def tool_policy(tool_tokenizer, tmp_path_factory) -> Path:
     """A directory holding a tiny Qwen2 policy that calls `lookup` first, then answers."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
     tokenizer = tool_tokenizer
-    model = build_model(tokenizer, hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128)
     rows = []
     for prompt, completion in conversations(tokenizer):
         p = tokenizer.encode(prompt, add_special_tokens=False)
         c = tokenizer.encode(completion, add_special_tokens=False)
         rows.append((p + c, [-100] * len(p) + c))
-    width = max(len(ids) for ids, _ in rows)
-    ids = torch.tensor([r + [tokenizer.pad_token_id] * (width - len(r)) for r, _ in rows])
-    labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in rows])
-    mask = (torch.arange(width)[None] < torch.tensor([len(r) for r, _ in rows])[:, None]).long()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    model.train()
-    for _ in range(80):
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    torch.set_num_threads(threads)
     path = tmp_path_factory.mktemp("tool_policy")
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
+    fine_tune(tokenizer, rows, steps=80, lr=3e-3, path=path)
     return path

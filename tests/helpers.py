@@ -1,0 +1,46 @@
+"""Helpers shared by tests in several folders (tests/ is on sys.path, as for chat_templates.py): `import helpers`.
+
+The vLLM tests import it too, in .venv-vllm (`make test-vllm`): only torch, hypothesis and ragen2 at module level."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from hypothesis import settings
+
+from ragen2.models.tiny import build_model
+
+# The size of the tiny random Qwen2 policies (build_model's arguments): two layers, a few thousand parameters.
+TINY_MODEL = {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64}
+
+# Property tests of the numerics (advantages, losses): more examples than hypothesis's default, no deadline.
+PROPERTY_SETTINGS = settings(max_examples=60, deadline=None)
+
+
+def t64(values: list) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.float64)
+
+
+def fine_tune(tokenizer, rows: list[tuple[list[int], list[int]]], steps: int, lr: float, path: Path):
+    """A tiny Qwen2 over `tokenizer` (hidden size 64), fitted on one thread by `steps` full-batch AdamW steps at
+    `lr` on `rows`, each (token ids, labels: -100 where no loss is taken), padded on the right; saved with
+    `tokenizer` at `path`. Returns the model."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    model = build_model(tokenizer, hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128)
+    width = max(len(ids) for ids, _ in rows)
+    ids = torch.tensor([r + [tokenizer.pad_token_id] * (width - len(r)) for r, _ in rows])
+    labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in rows])
+    mask = (torch.arange(width)[None] < torch.tensor([len(r) for r, _ in rows])[:, None]).long()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    model.train()
+    for _ in range(steps):
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    torch.set_num_threads(threads)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return model
