@@ -22,9 +22,9 @@ from ragen2.agent.parsing import ResponseFormat, parse_response
 from ragen2.agent.tool_calls import parse_tool_turn
 from ragen2.agent.types import GenerationOutput, Trajectory, Turn
 from ragen2.config import RolloutConfig
+from ragen2.config.tagged_envs import TaggedEnv
 from ragen2.envs.base import TextEnv
 from ragen2.errors import ConfigError
-from ragen2.mixture import TaggedEnv
 
 
 @dataclass
