@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from env_checks import SECTIONS
 from ragen2.envs import ENVS, make, names
 
-SECTIONS = ["Description", "Actions", "Observation", "Rewards", "Episode end", "Info"]
 SEEDS = st.integers(min_value=0, max_value=2**31 - 1)
 # Arbitrary text, mixed with action words in odd case and spacing so valid steps happen too.
 ACTION_WORDS = [" up", "DOWN ", "Left", "right\n", "dragon", " TEACHER ", "phoenix"]

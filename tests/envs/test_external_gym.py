@@ -5,6 +5,7 @@ from __future__ import annotations
 import gymnasium as gym
 import pytest
 
+from env_checks import bad_env_name
 from ragen2 import envs
 from ragen2.envs.check import check_env
 from ragen2.errors import ConfigError, UnknownNameError
@@ -61,11 +62,7 @@ def test_suite_names_resolve_as_presets_and_env_names():
 
 def test_a_mistyped_id_is_a_bad_env_name_with_the_closest_id():
     """It once read "env.kwargs for 'gym:Blackjak-v1': ...", blaming the kwargs, with no suggestion."""
-    from ragen2.config import load_config
-
-    with pytest.raises(UnknownNameError) as e:
-        load_config(None, ["env.name=gym:Blackjak-v1"])
-    message = str(e.value)
+    message = bad_env_name("gym:Blackjak-v1")
     assert message.startswith("env.name='gym:Blackjak-v1': Blackjak-v1 is not a registered Gymnasium environment")
     assert "with text renderers: Blackjack-v1, FrozenLake-v1" in message and "env.kwargs" not in message
     assert "Did you mean: gym:Blackjack-v1" in message
@@ -73,11 +70,7 @@ def test_a_mistyped_id_is_a_bad_env_name_with_the_closest_id():
 
 def test_a_mistyped_suite_names_the_suites_and_the_closest():
     """It once listed only the built-in environments."""
-    from ragen2.config import load_config
-
-    with pytest.raises(UnknownNameError) as e:
-        load_config(None, ["env.name=textarna:Foo-v0"])
-    message = str(e.value)
+    message = bad_env_name("textarna:Foo-v0")
     assert message.startswith("env.name='textarna:Foo-v0': 'textarna' is not an environment suite; suites: "
                               "textarena:GAME, textworld:GAME, gym:GAME, mcp:GAME, openenv:GAME, verifiers:GAME; "
                               "built-in environments: bandit, ")

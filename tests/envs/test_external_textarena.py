@@ -8,6 +8,7 @@ import pytest
 
 pytest.importorskip("textarena")
 
+from env_checks import bad_env_name  # noqa: E402
 from ragen2 import envs  # noqa: E402
 from ragen2.envs.check import check_env  # noqa: E402
 from ragen2.envs.external.textarena_env import GAMES, UNAVAILABLE  # noqa: E402
@@ -111,11 +112,7 @@ def test_offline_failures_are_named():
 
 def test_a_mistyped_game_is_a_bad_env_name_with_the_closest_game():
     """It once read "env.kwargs for 'textarena:TowerOfHanio-v0': ... is not an adapted game", blaming the kwargs."""
-    from ragen2.config import load_config
-
-    with pytest.raises(UnknownNameError) as e:
-        load_config(None, ["env.name=textarena:TowerOfHanio-v0"])
-    message = str(e.value)
+    message = bad_env_name("textarena:TowerOfHanio-v0")
     assert message.startswith("env.name='textarena:TowerOfHanio-v0': TowerOfHanio-v0 is not an adapted TextArena game")
     assert "adapted: " in message and "env.kwargs" not in message
     assert "Did you mean: textarena:TowerOfHanoi-v0," in message

@@ -12,6 +12,7 @@ import pytest
 
 pytest.importorskip("verifiers.v1")
 
+from env_checks import check_docstring  # noqa: E402
 from ragen2 import envs  # noqa: E402
 from ragen2.agent import GenerationOutput, RolloutConfig, rollout  # noqa: E402
 from ragen2.config import load_config  # noqa: E402
@@ -24,7 +25,6 @@ from ragen2.models.tiny import build_model, build_tokenizer  # noqa: E402
 from ragen2.rl.trainer import train  # noqa: E402
 
 SUMS = "verifiers:verifiers_arith"
-SECTIONS = ["Description", "Actions", "Observation", "Rewards", "Episode end", "Info"]
 
 
 def numbers(observation: str) -> tuple[int, int]:
@@ -75,10 +75,7 @@ def test_a_reward_function_that_raises_scores_the_reply_zero_as_in_verifiers(cap
 def test_a_verifiers_environment_passes_the_env_checker_and_documents_its_info_keys():
     env = envs.make(SUMS)
     check_env(env)
-    doc = type(env).__doc__
-    positions = [doc.find(f"## {s}\n") for s in SECTIONS]
-    assert -1 not in positions and positions == sorted(positions)
-    assert set(re.findall(r"^\s*- `(\w+)`", doc.split("## Info")[1], flags=re.M)) == set(env.info_keys)
+    check_docstring(type(env).__doc__, env.info_keys)
 
 
 def test_bad_names_and_tasks_it_cannot_play_say_what_is_allowed():

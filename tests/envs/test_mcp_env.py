@@ -4,13 +4,13 @@ tests with the `mcp` package) started over stdio, checked, played through tool c
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 
 import pytest
 
 from chat_templates import QWEN25_TOOLS
+from env_checks import check_docstring
 from ragen2 import envs
 from ragen2.agent.rollout import conversation
 from ragen2.agent.tool_calls import ToolCall, render_tool_calls
@@ -20,7 +20,6 @@ from ragen2.errors import ConfigError
 from ragen2.rl.trainer import train
 
 GLOSSARY = [sys.executable, str(Path(__file__).parent / "mcp_glossary.py")]
-SECTIONS = ["Description", "Actions", "Observation", "Rewards", "Episode end", "Info"]
 
 
 @pytest.fixture
@@ -36,10 +35,7 @@ def glossary_env(tmp_path):
 def test_calculator_keeps_the_env_contract():
     env = envs.make("mcp:calculator")
     check_env(env)
-    doc = type(env).__doc__
-    assert [doc.find(f"## {s}\n") for s in SECTIONS] == sorted(doc.find(f"## {s}\n") for s in SECTIONS)
-    documented = set(re.findall(r"^\s*- `(\w+)`", doc.split("## Info")[1], flags=re.M))
-    assert documented == set(env.info_keys)
+    check_docstring(type(env).__doc__, env.info_keys)
     obs, _ = env.reset(seed=3)
     total, steps = 0.0, env.solve()
     for action in steps:

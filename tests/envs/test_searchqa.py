@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from env_checks import check_docs_episode
 from ragen2.envs import make
 from ragen2.envs.check import check_env
 from ragen2.envs.data import read_records
@@ -19,7 +20,6 @@ from ragen2.envs.searchqa import (
 )
 from ragen2.errors import ConfigError
 
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "environments.md"
 NOTHING = {"action_is_valid": False, "success": False, "exact_match": False, "found_gold": False}
 
 
@@ -254,11 +254,4 @@ def test_step_before_reset_raises():
 
 
 def test_docs_show_a_real_episode():
-    docs = DOCS.read_text(encoding="utf-8")
-    env = make("searchqa")
-    assert env.instruction in docs
-    obs, _ = env.reset(seed=2)
-    assert f"```text\n{obs}\n```" in docs
-    for action in env.solve():
-        obs, reward, *_ = env.step(action)
-        assert f"`step({action!r})` gives reward {reward}:\n\n```text\n{obs}\n```" in docs
+    check_docs_episode(make("searchqa"), seed=2)
