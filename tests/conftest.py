@@ -36,15 +36,17 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 
 @pytest.fixture(scope="session")
 def save_random_policy() -> Callable:
-    """`save(path, corpus=BANDIT_CORPUS) -> (model, tokenizer)`: a tiny random Qwen2 policy, tokenizer trained on `corpus`, saved at `path`.
+    """`save(path, corpus=BANDIT_CORPUS, **size) -> (model, tokenizer)`: a tiny random Qwen2 policy, tokenizer trained on `corpus`, saved at `path`.
+
+    `size`: build_model arguments in place of TINY_MODEL's (tests/helpers.py).
 
     Random weights generate well-formed text only by chance: tests that need a policy's
     *behaviour* use a warm start instead.
     """
 
-    def save(path: Path, corpus: list[str] = BANDIT_CORPUS):
+    def save(path: Path, corpus: list[str] = BANDIT_CORPUS, **size):
         tokenizer = build_tokenizer(corpus, vocab_size=300)
-        model = build_model(tokenizer, **TINY_MODEL)
+        model = build_model(tokenizer, **{**TINY_MODEL, **size})
         model.save_pretrained(path)
         tokenizer.save_pretrained(path)
         return model, tokenizer

@@ -5,11 +5,15 @@ The vLLM tests import it too, in .venv-vllm (`make test-vllm`): only torch, hypo
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from hypothesis import settings
 
 from ragen2.models.tiny import build_model
+
+if TYPE_CHECKING:
+    from ragen2.config import Config
 
 # The size of the tiny random Qwen2 policies (build_model's arguments): two layers, a few thousand parameters.
 TINY_MODEL = {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64}
@@ -20,6 +24,19 @@ PROPERTY_SETTINGS = settings(max_examples=60, deadline=None)
 
 def t64(values: list) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.float64)
+
+
+def tiny_run_config(policy_dir: Path, run_dir: Path, *overrides: str) -> Config:
+    """Bandit on the CPU with the policy at `policy_dir`, writing to `run_dir`: 2 steps of 2 groups x 4 episodes of
+    at most 8 tokens, no evaluation, no progress bar or TensorBoard; then `overrides`."""
+    from ragen2.config import load_config
+
+    return load_config("bandit", [
+        f"model.path={policy_dir}", "model.device=cpu", f"trainer.run_dir={run_dir}",
+        "rollout.num_groups=2", "rollout.group_size=4", "rollout.max_tokens_per_turn=8",
+        "trainer.total_steps=2", "trainer.eval_every=0", "logging.progress=false", "logging.tensorboard=false",
+        *overrides,
+    ])
 
 
 def fine_tune(tokenizer, rows: list[tuple[list[int], list[int]]], steps: int, lr: float, path: Path):

@@ -13,8 +13,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from helpers import tiny_run_config
 from ragen2.agent.types import Trajectory
-from ragen2.config import AlgoConfig, Config, load_config
+from ragen2.config import AlgoConfig, Config
 from ragen2.errors import ConfigError
 from ragen2.rl import trainer
 from ragen2.rl.batch import build_batch, response_logits
@@ -29,27 +30,9 @@ def _single_thread(one_thread):
 
 
 def tiny_config(policy_dir: Path, run_dir: Path, *overrides: str) -> Config:
-    """Bandit, 2 groups x 4 episodes of at most 8 tokens: a step takes well under a second."""
-    return load_config(
-        "bandit",
-        [
-            f"model.path={policy_dir}",
-            "model.device=cpu",
-            f"trainer.run_dir={run_dir}",
-            "rollout.num_groups=2",
-            "rollout.group_size=4",
-            "rollout.max_tokens_per_turn=8",
-            "trainer.total_steps=2",
-            "trainer.eval_every=0",
-            "trainer.eval_episodes=4",
-            "algo.mini_batch_size=4",
-            "algo.micro_batch_size=2",
-            "optim.lr=1e-3",
-            "logging.progress=false",
-            "logging.tensorboard=false",
-            *overrides,
-        ],
-    )
+    """Bandit, 2 groups x 4 episodes of at most 8 tokens (`tiny_run_config`): a step takes well under a second."""
+    return tiny_run_config(policy_dir, run_dir, "trainer.eval_episodes=4", "algo.mini_batch_size=4",
+                           "algo.micro_batch_size=2", "optim.lr=1e-3", *overrides)
 
 
 def _trajectory(seed: int, group: int, ret: float, samples: list[tuple[list[int], list[int]]]) -> Trajectory:

@@ -7,55 +7,26 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import tiny_run_config
 from ragen2.agent.vllm_backend import VLLMBackend
-from ragen2.config import Config, load_config
-from ragen2.models.tiny import build_model, build_tokenizer
+from ragen2.config import Config
 from ragen2.rl import trainer
 from ragen2.tracking import read_metrics
 
 pytest.importorskip("vllm", reason="needs the vllm extra: make test-vllm")
 
-CORPUS = [
-    "You are playing a two-armed bandit. Pull one arm to get a reward. Arms: Dragon, Turtle.",
-    "Turn 1:\nState:\nArms: Dragon, Turtle. Which arm do you pull?\nYou have 1 actions left.",
-    "<think>The arms are Dragon and Turtle. I try Dragon.</think><answer>Dragon</answer>",
-] * 10
-
-
 @pytest.fixture(scope="module")
-def policy_dir(tmp_path_factory) -> Path:
+def policy_dir(tmp_path_factory, save_random_policy) -> Path:
     """A random tiny Qwen2 whose head size (32) vLLM's CPU attention supports."""
     path = tmp_path_factory.mktemp("policy")
-    tokenizer = build_tokenizer(CORPUS, vocab_size=300)
-    model = build_model(tokenizer, hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128)
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
+    save_random_policy(path, hidden_size=64, intermediate_size=128)
     return path
 
 
 def vllm_config(policy_dir: Path, run_dir: Path, *overrides: str) -> Config:
-    return load_config(
-        "bandit",
-        [
-            f"model.path={policy_dir}",
-            "model.device=cpu",
-            f"trainer.run_dir={run_dir}",
-            "rollout.backend=vllm",
-            "rollout.num_groups=2",
-            "rollout.group_size=4",
-            "rollout.max_tokens_per_turn=8",
-            "trainer.total_steps=2",
-            "trainer.eval_every=0",
-            "collapse.enable=false",
-            "filter.strategy=none",
-            "algo.mini_batch_size=8",
-            "algo.micro_batch_size=4",
-            "optim.lr=1e-2",
-            "logging.progress=false",
-            "logging.tensorboard=false",
-            *overrides,
-        ],
-    )
+    """`tiny_run_config` with rollouts from vLLM, no collapse proxies and no filter."""
+    return tiny_run_config(policy_dir, run_dir, "rollout.backend=vllm", "collapse.enable=false", "filter.strategy=none",
+                           "algo.mini_batch_size=8", "algo.micro_batch_size=4", "optim.lr=1e-2", *overrides)
 
 
 def test_after_an_update_the_engine_samples_the_updated_policy(policy_dir, tmp_path, teacher_forced):
