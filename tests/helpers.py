@@ -39,6 +39,23 @@ def tiny_run_config(policy_dir: Path, run_dir: Path, *overrides: str) -> Config:
     ])
 
 
+class AnsweringBackend:
+    """A generation backend that answers each prompt with `self.answer(the prompt's text)`: the answer's tokens (no
+    EOS), finish reason "stop". A subclass writes `answer`."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def answer(self, prompt: str) -> str:
+        raise NotImplementedError
+
+    def generate(self, prompts, *, max_new_tokens, temperature, top_p, **kwargs):
+        from ragen2.agent.types import GenerationOutput
+
+        answers = [self.answer(self.tokenizer.decode(p)) for p in prompts]
+        return [GenerationOutput(token_ids=self.tokenizer.encode(a), text=a, finish_reason="stop") for a in answers]
+
+
 def fine_tune(tokenizer, rows: list[tuple[list[int], list[int]]], steps: int, lr: float, path: Path):
     """A tiny Qwen2 over `tokenizer` (hidden size 64), fitted on one thread by `steps` full-batch AdamW steps at
     `lr` on `rows`, each (token ids, labels: -100 where no loss is taken), padded on the right; saved with

@@ -8,8 +8,9 @@ import pytest
 pytest.importorskip("openenv")
 
 from env_checks import check_docstring  # noqa: E402
+from helpers import AnsweringBackend  # noqa: E402
 from ragen2 import envs  # noqa: E402
-from ragen2.agent import GenerationOutput, RolloutConfig, rollout  # noqa: E402
+from ragen2.agent import RolloutConfig, rollout  # noqa: E402
 from ragen2.envs.check import check_env  # noqa: E402
 from ragen2.errors import ConfigError  # noqa: E402
 from ragen2.models.tiny import build_tokenizer  # noqa: E402
@@ -74,19 +75,17 @@ def test_bad_targets_name_the_fix():
         envs.make("openenv:openenv_guess:GuessAction")
 
 
-class Guesser:
-    """A backend that plays the binary search: it reads the hint at the end of each prompt."""
+class Guesser(AnsweringBackend):
+    """Plays the binary search (one episode): it reads the hint at the end of each prompt."""
 
-    def __init__(self, tokenizer):
-        self.tokenizer, self.low, self.high, self.guess = tokenizer, 1, 9, None
+    low, high, guess = 1, 9, None
 
-    def generate(self, prompts, *, max_new_tokens, temperature, top_p, **kwargs):
-        hint = self.tokenizer.decode(prompts[0]).rsplit("State:\n", 1)[1]
+    def answer(self, prompt: str) -> str:
+        hint = prompt.rsplit("State:\n", 1)[1]
         if self.guess is not None:
             self.low, self.high = (self.guess + 1, self.high) if hint.startswith("Higher") else (self.low, self.guess - 1)
         self.guess = (self.low + self.high) // 2
-        response = f'I guess {self.guess}.</think><answer>{{"guess": {self.guess}}}</answer>'
-        return [GenerationOutput(token_ids=self.tokenizer.encode(response), text=response, finish_reason="stop")]
+        return f'I guess {self.guess}.</think><answer>{{"guess": {self.guess}}}</answer>'
 
 
 def test_the_rollout_loop_plays_an_openenv_environment_to_success():

@@ -13,8 +13,9 @@ import pytest
 pytest.importorskip("verifiers.v1")
 
 from env_checks import check_docstring  # noqa: E402
+from helpers import AnsweringBackend  # noqa: E402
 from ragen2 import envs  # noqa: E402
-from ragen2.agent import GenerationOutput, RolloutConfig, rollout  # noqa: E402
+from ragen2.agent import RolloutConfig, rollout  # noqa: E402
 from ragen2.config import load_config  # noqa: E402
 from ragen2.envs.check import check_env  # noqa: E402
 from ragen2.envs.external.verifiers_env import VerifiersEnv  # noqa: E402
@@ -88,20 +89,16 @@ def test_bad_names_and_tasks_it_cannot_play_say_what_is_allowed():
         envs.make("verifiers:verifiers_sandboxed")
 
 
-class Adder:
-    """A backend that answers the sum at the end of each prompt, `wrong` more than it is."""
+class Adder(AnsweringBackend):
+    """Answers the sum at the end of each prompt, `wrong` more than it is."""
 
     def __init__(self, tokenizer, wrong: int = 0):
-        self.tokenizer, self.wrong = tokenizer, wrong
+        super().__init__(tokenizer)
+        self.wrong = wrong
 
-    def generate(self, prompts, *, max_new_tokens, temperature, top_p, **kwargs):
-        outputs = []
-        for prompt in prompts:
-            a, b = map(int, re.findall(r"What is (\d+) \+ (\d+)\?", self.tokenizer.decode(prompt))[-1])
-            response = f"I add them.</think><answer>{a + b + self.wrong}</answer>"
-            ids = self.tokenizer.encode(response)
-            outputs.append(GenerationOutput(token_ids=ids, text=response, finish_reason="stop"))
-        return outputs
+    def answer(self, prompt: str) -> str:
+        a, b = map(int, re.findall(r"What is (\d+) \+ (\d+)\?", prompt)[-1])
+        return f"I add them.</think><answer>{a + b + self.wrong}</answer>"
 
 
 @pytest.mark.parametrize(("wrong", "reward"), [(0, 1.1), (1, 0.1)])
