@@ -254,7 +254,7 @@ def run_ragen2(args: argparse.Namespace, run_dir: Path) -> list[dict[str, float]
 def bandit_seeds(config: Config, steps: int) -> list[int]:
     """The environment seeds ragen2's trainer uses at steps 1..`steps`, group by group, in order."""
     from ragen2.envs import EVAL_SEED_OFFSET
-    from ragen2.rl.trainer import derived_seed
+    from ragen2.rl.rollout_stage import derived_seed
 
     P = config.rollout.num_groups
     seeds = []

@@ -26,7 +26,7 @@ selects (1 - 0.9 is 0.09999999999999998 in floats).
 
 Whole groups are kept, so group baselines (GRPO mean, RLOO leave-one-out) stay intact.
 `select_trajectories` is the trajectory-level alternative of the paper's ablation: keep
-every group, but only its most spread-out episodes. `select_anchor_turns` applies the same rules
+every group, but only its most spread-out episodes. `ragen2.rl.gigpo.select_anchor_turns` applies the same rules
 one level down, to GiGPO's anchor-state groups (the turns of a group that saw the same observation).
 The formulas, a worked example and the logged metrics are in docs/filtering.md.
 """
@@ -34,8 +34,8 @@ The formulas, a worked example and the logged metrics are in docs/filtering.md.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields, replace
 from numbers import Real
 from typing import Any
 
@@ -75,21 +75,13 @@ Strategy = Callable[[np.ndarray, Rule], slice]
 STRATEGIES: Registry[Strategy] = Registry("filter strategy")
 
 
-def select_groups(
-    rewards: np.ndarray,
-    strategy: str = "top_p",
-    value: float = 0.9,
-    metric: str = "reward_variance",
-    include_zero: bool = True,
-    ddof: int = 1,
-    order: str = "largest",
-    scores: np.ndarray | None = None,
-    selection_eps: float = SELECTION_EPS,
-    zero_tol: float = ZERO_TOL,
-) -> np.ndarray:
-    """Indices of the groups to train on: int64 [K], sorted ascending, 0 <= K <= P.
+@dataclass(frozen=True)
+class FilterRule:
+    """Which groups a step keeps: the rule's eight settings, with the defaults `select_groups` uses.
 
-    rewards:       float [P, G], episode returns; row i holds group i's G episodes.
+    `filter.*` holds the same names (ragen2.config.FilterConfig; `FilterRule.of` takes them from it), and
+    the verl and TRL integrations build one from their own options.
+
     strategy:      how many ranked candidates to keep (s = the candidates' scores, rho = value):
                    top_p          smallest prefix whose score sum reaches rho * sum(s) - selection_eps
                                   (the paper's rule with the reference's slack; rho >= 1 keeps every
@@ -117,10 +109,33 @@ def select_groups(
     ddof:          delta degrees of freedom of the variance (1: unbiased, the paper's).
     order:         "largest" keeps the highest scores; "smallest" walks the same rule up from the
                    lowest scores (ablation).
-    scores:        float [P] or [P, G] (averaged over G); required by the measured metrics, [P, G] for
-                   entropy_variance / entropy_std.
     selection_eps: top_p's slack (reference: 0.01); 0 is the paper's formula as written.
     zero_tol:      the zero-variance tolerance on the reward std (reference: 1e-10).
+
+    """
+
+    strategy: str = "top_p"
+    value: float = 0.9
+    metric: str = "reward_variance"
+    include_zero: bool = True
+    ddof: int = 1
+    order: str = "largest"
+    selection_eps: float = SELECTION_EPS
+    zero_tol: float = ZERO_TOL
+
+    @classmethod
+    def of(cls, settings: Any) -> FilterRule:
+        """The rule of anything holding these eight settings by name, such as a FilterConfig."""
+        return cls(**{f.name: getattr(settings, f.name) for f in fields(cls)})
+
+
+def select_groups(rewards: np.ndarray, rule: FilterRule = FilterRule(), scores: np.ndarray | None = None) -> np.ndarray:
+    """Indices of the groups to train on: int64 [K], sorted ascending, 0 <= K <= P.
+
+    rewards:       float [P, G], episode returns; row i holds group i's G episodes.
+    rule:          the strategy, its value, the metric and the rest (FilterRule).
+    scores:        float [P] or [P, G] (averaged over G); required by the measured metrics, [P, G] for
+                   entropy_variance / entropy_std.
 
     Totals and maxima in a rule are over the candidates (groups not dropped by include_zero);
     top_k's count is a fraction of all P groups. Every strategy keeps a prefix of the stable
@@ -130,33 +145,29 @@ def select_groups(
     the step.
     """
     rewards = _check_rewards(rewards)
-    value = _check_rule(strategy, value, order, selection_eps, zero_tol)
-    score = group_scores(rewards, metric, ddof, scores)  # [P]
+    rule = check_rule(rule)
+    score = group_scores(rewards, rule.metric, rule.ddof, scores)  # [P]
     candidates = np.arange(len(score))
-    if not include_zero:
-        rv = _reward_variance(rewards, ddof, needed_by="include_zero=False")
-        candidates = candidates[~_zero_variance(rv, zero_tol)]
-    return _select_ranked(score, candidates, strategy, value, order, selection_eps, metric)
+    if not rule.include_zero:
+        candidates = candidates[~no_spread(rewards, rule, needed_by="include_zero=False")]
+    return select_ranked(score, candidates, rule)
 
 
-def _check_rule(strategy: str, value: float, order: str, selection_eps: float, zero_tol: float) -> float:
+def check_rule(rule: FilterRule) -> FilterRule:
     """Refuse an unknown strategy or order, a value out of the strategy's range or a negative tolerance;
-    returns the value as a float."""
-    STRATEGIES.get(strategy)
-    value = _check_value(strategy, value)
-    _check_choice("filter order", order, ORDERS)
-    for name, tol in (("selection_eps", selection_eps), ("zero_tol", zero_tol)):
+    returns the rule with its value as a float."""
+    STRATEGIES.get(rule.strategy)
+    value = _check_value(rule.strategy, rule.value)
+    check_choice("filter order", rule.order, ORDERS)
+    for name, tol in (("selection_eps", rule.selection_eps), ("zero_tol", rule.zero_tol)):
         if isinstance(tol, bool) or not (isinstance(tol, Real) and tol >= 0):
             raise ConfigError(f"filter {name} {tol!r} must be a number >= 0 (reference: "
                               f"{SELECTION_EPS if name == 'selection_eps' else ZERO_TOL}).")
-    return value
+    return replace(rule, value=value)
 
 
-def _select_ranked(
-    score: np.ndarray, candidates: np.ndarray, strategy: str, value: float, order: str, selection_eps: float,
-    metric: str,
-) -> np.ndarray:
-    """The units (prompt groups or anchor groups) a strategy keeps: int64 [K], ascending.
+def select_ranked(score: np.ndarray, candidates: np.ndarray, rule: FilterRule) -> np.ndarray:
+    """The units (prompt groups, or GiGPO's anchor groups) a checked `rule` keeps: int64 [K], ascending.
 
     score: float [N], every unit's score; candidates: int [C], the units left after the zero test.
     N, every unit, is top_k's base.
@@ -164,17 +175,17 @@ def _select_ranked(
     if candidates.size == 0:
         return np.empty(0, dtype=np.int64)
     cand_score = score[candidates]  # [C]
-    if strategy in _NON_NEGATIVE_STRATEGIES and (cand_score < 0).any():
+    if rule.strategy in _NON_NEGATIVE_STRATEGIES and (cand_score < 0).any():
         worst = int(np.argmin(cand_score))
         raise ConfigError(
-            f"filter strategy {strategy!r} needs non-negative scores, but metric {metric!r} "
+            f"filter strategy {rule.strategy!r} needs non-negative scores, but metric {rule.metric!r} "
             f"gives group {candidates[worst]} the score {cand_score[worst]:.4g}. Use strategy "
             "'top_k' or 'top_p_softmax', or a non-negative metric (reward_variance, reward_std)."
         )
-    largest = order == "largest"
+    largest = rule.order == "largest"
     # Stable sort: equal scores keep group order, so ties at the cut keep the lower index.
     rank = np.argsort(-cand_score if largest else cand_score, kind="stable")  # [C]
-    kept = STRATEGIES.get(strategy)(cand_score[rank], Rule(value, largest, len(score), float(selection_eps)))
+    kept = STRATEGIES.get(rule.strategy)(cand_score[rank], Rule(rule.value, largest, len(score), float(rule.selection_eps)))
     return np.sort(candidates[rank[kept]]).astype(np.int64)
 
 
@@ -192,7 +203,7 @@ def group_scores(
     group's episodes are sorted before any sum, so a score does not depend on their order.
     """
     rewards = _check_rewards(rewards)
-    _check_choice("filter metric", metric, METRICS + SPREAD_METRICS, error=UnknownNameError)
+    check_choice("filter metric", metric, METRICS + SPREAD_METRICS, error=UnknownNameError)
     if metric in MEASURED_METRICS + SPREAD_METRICS:
         scores = _check_scores(scores, metric, rewards.shape)
         if metric in SPREAD_METRICS:
@@ -221,11 +232,11 @@ def _without_rounding_noise(score: np.ndarray) -> np.ndarray:
     return np.array([float(f"{s:.12g}") for s in score], dtype=np.float64)
 
 
-def select_groups_by_tag(rewards: np.ndarray, tags: Sequence[str], scores: np.ndarray | None = None,
-                         **rule: Any) -> np.ndarray:
+def select_groups_by_tag(rewards: np.ndarray, tags: Sequence[str], rule: FilterRule = FilterRule(),
+                         scores: np.ndarray | None = None) -> np.ndarray:
     """`select_groups` within each tag's groups (`filter.scope=tag`): the same rule, so the same fraction, from each.
 
-    rewards: float [P, G]; tags: [P], group i's tag; scores: [P, G] or None, as `select_groups`'s.
+    rewards: float [P, G]; tags: [P], group i's tag; rule and scores ([P, G] or None) as `select_groups`'s.
     Returns the kept group indices into all P, int64 [K], sorted ascending. With returns on different
     scales (Sokoban's +10 against Bandit's 0/1) a batch-wide ranking would keep mostly one tag.
     """
@@ -233,7 +244,7 @@ def select_groups_by_tag(rewards: np.ndarray, tags: Sequence[str], scores: np.nd
     for tag in dict.fromkeys(tags):
         rows = np.array([i for i, t in enumerate(tags) if t == tag])
         part = None if scores is None else scores[rows]
-        kept.append(rows[select_groups(rewards[rows], scores=part, **rule)])
+        kept.append(rows[select_groups(rewards[rows], rule, part)])
     return np.sort(np.concatenate(kept)).astype(np.int64)
 
 
@@ -271,7 +282,7 @@ def loss_scale(kept: int, total: int, mode: str) -> float:
                       groups has noise ~ 1/sqrt(n), so the kept mean is 1/sqrt(r) noisier.
     The factor is at most 1; it is 0 for linear / sqrt when nothing is kept.
     """
-    _check_choice("loss scale mode", mode, LOSS_SCALE_MODES)
+    check_choice("loss scale mode", mode, LOSS_SCALE_MODES)
     if not (isinstance(total, int | np.integer) and total >= 1):
         raise ConfigError(
             f"loss_scale total {total!r} must be an integer >= 1 (the number of groups)."
@@ -310,80 +321,6 @@ def select_trajectories(rewards: np.ndarray, keep: float) -> np.ndarray:
     for i, returns in enumerate(rewards):
         mask[i, _most_spread(returns, k)] = True
     return mask
-
-
-def select_anchor_turns(
-    step_rewards: Sequence[Sequence[float]],
-    group_ids: Sequence[Hashable],
-    anchors: Sequence[Sequence[Hashable]],
-    gamma: float = 1.0,
-    strategy: str = "top_p",
-    value: float = 0.9,
-    metric: str = "reward_variance",
-    include_zero: bool = True,
-    ddof: int = 1,
-    order: str = "largest",
-    selection_eps: float = SELECTION_EPS,
-    zero_tol: float = ZERO_TOL,
-) -> list[np.ndarray]:
-    """Which turns to train on, filtering at GiGPO's anchor-state level: E bool arrays, [T_e] each.
-
-    E episodes, given as `ragen2.rl.advantages.gigpo_advantages` takes them: step_rewards, E lists
-    of their turns' rewards; group_ids, [E]; anchors, E lists of hashable observation keys, one per
-    turn. An anchor-state group is the turns of one group whose anchors are equal; its values are
-    the turns' step returns, their rewards from that turn on discounted by gamma (GiGPO's).
-
-    The anchor groups of two or more turns are ranked as select_groups ranks prompt groups: scored
-    by `metric` (reward_variance, reward_std, mean_reward) over their step returns, dropped by the
-    zero test with include_zero=False (std <= zero_tol), ranked across the batch (ties in order of
-    first appearance) and kept by `strategy` / `value` (top_k's base: every such group). A kept
-    group is kept whole, so GiGPO's step baseline over it is intact.
-
-    A turn alone in its anchor group has no step-level comparison: GiGPO gives it the episode-level
-    advantage alone. It is not ranked: it is kept, unless include_zero=False and the returns of its
-    episode's group are all equal (std <= zero_tol, or a group of one episode), where that advantage is 0.
-    """
-    from ragen2.rl.advantages import discounted_returns  # imported here: ragen2.filtering itself needs no torch
-
-    value = _check_rule(strategy, value, order, selection_eps, zero_tol)
-    _check_choice("anchor filter metric", metric, REWARD_METRICS)
-    if not len(step_rewards) == len(group_ids) == len(anchors):
-        raise ConfigError(f"expected one entry per episode, got {len(step_rewards)} step-reward lists, "
-                          f"{len(group_ids)} group ids and {len(anchors)} anchor lists")
-    rewards = [np.asarray(r, dtype=np.float64) for r in step_rewards]
-    members: dict[tuple[Hashable, Hashable], list[tuple[int, int, float]]] = {}  # in order of first appearance
-    for e, (g, r) in enumerate(zip(group_ids, rewards)):
-        if len(r) != len(anchors[e]):
-            raise ConfigError(f"episode {e} has {len(r)} step rewards but {len(anchors[e])} anchors: give one per turn")
-        for t, (anchor, ret) in enumerate(zip(anchors[e], discounted_returns(r, gamma))):
-            members.setdefault((g, anchor), []).append((e, t, float(ret)))
-    shared = [turns for turns in members.values() if len(turns) >= 2]
-    values = [np.array([[ret for *_, ret in turns]]) for turns in shared]  # [1, n] each
-    score = np.array([group_scores(v, metric, ddof)[0] for v in values])  # [N]
-    candidates = np.arange(len(shared))
-    if not include_zero:
-        zero = [_zero_variance(_reward_variance(v, ddof, "the anchor filter"), zero_tol)[0] for v in values]
-        candidates = candidates[~np.array(zero, dtype=bool)]
-    kept_groups = _select_ranked(score, candidates, strategy, value, order, selection_eps, metric)
-    keep = [np.zeros(len(r), dtype=bool) for r in rewards]
-    for i in kept_groups:
-        for e, t, _ in shared[i]:
-            keep[e][t] = True
-    episode_returns: dict[Hashable, list[float]] = {}
-    for g, r in zip(group_ids, rewards):
-        episode_returns.setdefault(g, []).append(float(r.sum()))
-    for (g, _), turns in members.items():
-        if len(turns) == 1 and (include_zero or not _all_equal(episode_returns[g], ddof, zero_tol)):
-            e, t, _ = turns[0]
-            keep[e][t] = True
-    return keep
-
-
-def _all_equal(returns: list[float], ddof: int, zero_tol: float) -> bool:
-    """True when a group's returns have no spread (std <= zero_tol), as a lone episode has none."""
-    if len(returns) < 2:
-        return True
-    return bool(_zero_variance(_reward_variance(np.array([returns]), ddof, "the anchor filter"), zero_tol)[0])
 
 
 def _most_spread(returns: np.ndarray, k: int) -> np.ndarray:
@@ -521,7 +458,7 @@ def _check_value(strategy: str, value: float) -> float:
     return float(value)
 
 
-def _check_choice(
+def check_choice(
     kind: str, name: str, valid: Sequence[str], error: type[Exception] = ConfigError
 ) -> None:
     if name not in valid:
@@ -565,6 +502,11 @@ def _check_scores(scores: np.ndarray | None, metric: str, shape: tuple[int, int]
             f"scores for metric {metric!r} contain NaN or inf; every score must be finite."
         )
     return scores
+
+
+def no_spread(rewards: np.ndarray, rule: FilterRule, needed_by: str) -> np.ndarray:
+    """bool [P]: the groups whose reward std is <= rule.zero_tol, the ones include_zero=False drops."""
+    return _zero_variance(_reward_variance(rewards, rule.ddof, needed_by), rule.zero_tol)
 
 
 def _zero_variance(rv: np.ndarray, zero_tol: float) -> np.ndarray:

@@ -2,7 +2,7 @@
 
 RAGEN-2 (§5, Fig. 3): bucket a batch's prompts into RV quantiles; the task-gradient norm
 should rise with RV while the KL and entropy gradient norms stay flat. This script measures
-it with `ragen2.collapse.grad_snr_probe`, the way the trainer does:
+it with `ragen2.rl.grad_snr.grad_snr_probe`, the way the trainer does:
 
 1. Train `--train-steps` GRPO steps with the trainer (algo.kl_coef > 0, so it keeps the
    initial policy as the frozen KL reference). The policy has to move away from its
@@ -34,9 +34,10 @@ from pathlib import Path
 
 from scipy.stats import spearmanr
 
-from ragen2.collapse.grad_snr import TERMS, grad_snr_probe, group_reward_variance
+from ragen2.rl.grad_snr import TERMS, grad_snr_probe, group_reward_variance
 from ragen2.config import Config, load_config
-from ragen2.rl import trainer
+from ragen2.rl import advantage_stage, rollout_stage, trainer, update_stage
+from ragen2.rl.run import setup
 
 BEGIN, END = "<!-- grad-snr-table:begin -->", "<!-- grad-snr-table:end -->"
 ESTIMATORS = ("grpo", "drgrpo", "rloo")  # outcome advantages: no critic needed
@@ -53,18 +54,18 @@ def probe_after_training(args: argparse.Namespace, run_dir: Path) -> tuple[dict[
     config = load_config(args.preset, [*common, f"rollout.num_groups={args.groups}",
                                        f"rollout.group_size={args.group_size}", f"grad_snr.num_buckets={args.buckets}"])
     a = config.algo
-    run = trainer.setup(config, resume_dir=run_dir)
+    run = setup(config, resume_dir=run_dir)
     results = {}
     with run.tracker:
-        trajectories, _ = trainer.rollout_phase(run, args.train_steps + 1)
+        trajectories, _ = rollout_stage.rollout_phase(run, args.train_steps + 1)
         present = [t for t in trajectories if t.samples]
         group_rv = group_reward_variance(trajectories, config.filter.ddof)
         for i, estimator in enumerate(args.estimators):
             run.config = dataclasses.replace(config, algo=dataclasses.replace(a, name=estimator))
-            batch = trainer.advantage_phase(run, present)
+            batch = advantage_stage.advantage_phase(run, present)
             results[estimator] = grad_snr_probe(
                 run.policy, batch, group_rv, reference=run.reference, kl_estimator=a.kl_estimator,
-                num_buckets=config.grad_snr.num_buckets, micro_batch_size=a.micro_batch_size, agg=_agg(config),
+                num_buckets=config.grad_snr.num_buckets, micro_batch_size=a.micro_batch_size, agg=update_stage.loss_agg(config),
                 kl_coef=a.kl_coef, entropy_coef=a.entropy_coef, terms=TERMS if i == 0 else ("task",),
             )
     return results, config
@@ -88,7 +89,7 @@ def markdown(results: dict[str, dict[str, float]], config: Config, args: argpars
     lines = [
         f"Policy `{Path(args.model).name}`, {config.env.name}, after {args.train_steps} GRPO step(s) (P = "
         f"{args.train_groups}, lr {config.optim.lr:g}; KL reference = the initial policy); probe batch P = "
-        f"{args.groups} groups x G = {args.group_size}, aggregation `{_agg(config)}`, KL estimator "
+        f"{args.groups} groups x G = {args.group_size}, aggregation `{update_stage.loss_agg(config)}`, KL estimator "
         f"`{a.kl_estimator}`, seed {args.seed}{overrides} ({seconds:.0f} s on the CPU it ran on).",
         "",
         "| RV bucket | mean RV | groups | " + " | ".join([*norms, *scaled]) + " |",
@@ -114,10 +115,6 @@ def write_into(path: Path, text: str) -> None:
     head, rest = doc.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
     path.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}", encoding="utf-8")
-
-
-def _agg(config: Config) -> str:
-    return config.algo.loss_agg or trainer.DEFAULT_LOSS_AGG[config.algo.name]
 
 
 def main() -> None:

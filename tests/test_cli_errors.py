@@ -272,9 +272,9 @@ def policy_dir(tmp_path_factory, save_random_policy) -> Path:
 def test_nonfinite_steps_are_skipped_then_the_run_stops(policy_dir, tmp_path, monkeypatch, one_thread):
     """Every update's loss is NaN: each step is skipped with a `nonfinite_step` event, and the run stops
     after trainer.max_skipped_steps of them, instead of crashing."""
-    from ragen2.rl import trainer
+    from ragen2.rl import advantage_stage, trainer
 
-    advantage_phase = trainer.advantage_phase
+    advantage_phase = advantage_stage.advantage_phase
 
     def nan_advantages(run, kept):
         batch = advantage_phase(run, kept)
@@ -299,12 +299,12 @@ def test_nonfinite_steps_are_skipped_then_the_run_stops(policy_dir, tmp_path, mo
 def test_sampling_from_a_diverged_policy_is_one_line():
     from types import SimpleNamespace
 
-    from ragen2.rl.trainer import _finite_sampling
+    from ragen2.rl.rollout_stage import finite_sampling
 
     run = SimpleNamespace(config=load_config(None, ["optim.lr=0.5"]))
     with pytest.raises(DivergedError, match=r"^step 3: the policy's next-token probabilities are NaN or infinite "
                                             r"while sampling evaluation episodes: its weights diverged \(optim.lr=0.5"):
-        with _finite_sampling(run, 3, "evaluation episodes"):
+        with finite_sampling(run, 3, "evaluation episodes"):
             raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
 
 

@@ -11,7 +11,7 @@ import torch
 
 from ragen2.config import load_config
 from ragen2.errors import ConfigError
-from ragen2.filtering import group_scores, select_groups
+from ragen2.filtering import FilterRule, group_scores, select_groups
 
 CASES = 500
 
@@ -56,10 +56,10 @@ def same_selection(ours: np.ndarray, theirs: list[int], scores: np.ndarray) -> b
 def test_top_k_abs_hand_computed():
     rewards = np.array([[0, 1, 0, 1], [1, 1, 1, 1], [0, 0, 0, 3], [0, 0, 1, 1], [2, 2, 2, 0]], float)
     # reward std: 0.577, 0, 1.5, 0.577, 1.0
-    assert select_groups(rewards, "top_k_abs", 2, "reward_std").tolist() == [2, 4]
-    assert select_groups(rewards, "top_k_abs", 3, "reward_std").tolist() == [0, 2, 4]  # the tie keeps group 0
-    assert select_groups(rewards, "top_k_abs", 2, "reward_std", order="smallest").tolist() == [0, 1]
-    assert select_groups(rewards, "top_k_abs", 9, "reward_std", include_zero=False).tolist() == [0, 2, 3, 4]
+    assert select_groups(rewards, FilterRule("top_k_abs", 2, "reward_std")).tolist() == [2, 4]
+    assert select_groups(rewards, FilterRule("top_k_abs", 3, "reward_std")).tolist() == [0, 2, 4]  # the tie keeps group 0
+    assert select_groups(rewards, FilterRule("top_k_abs", 2, "reward_std", order="smallest")).tolist() == [0, 1]
+    assert select_groups(rewards, FilterRule("top_k_abs", 9, "reward_std", include_zero=False)).tolist() == [0, 2, 3, 4]
 
 
 @pytest.mark.parametrize("include_zero", [True, False])
@@ -72,7 +72,7 @@ def test_top_k_abs_agrees_with_ragen(include_zero, order):
         if rng.random() < 0.5:
             rewards = rewards + rng.normal(0, 0.3, size=(num_groups, 1)) * (rng.random((num_groups, group_size)) < 0.5)
         value = float(rng.choice([rng.integers(1, num_groups + 3), rng.uniform(0.1, num_groups + 2)]))
-        ours = select_groups(rewards, "top_k_abs", value, "reward_std", include_zero=include_zero, order=order)
+        ours = select_groups(rewards, FilterRule("top_k_abs", value, "reward_std", include_zero=include_zero, order=order))
         std = torch.tensor(rewards).std(dim=-1)  # RewardRolloutFilter's score (lines 428-433)
         theirs = reference_select(std, "top_k_abs", value, order, include_zero)
         assert same_selection(ours, theirs, std.numpy()), f"case {case}: {ours} vs {theirs}"
@@ -81,7 +81,7 @@ def test_top_k_abs_agrees_with_ragen(include_zero, order):
 @pytest.mark.parametrize("value", [0, -1, True])
 def test_top_k_abs_needs_a_positive_count(value):
     with pytest.raises(ConfigError, match="top_k_abs"):
-        select_groups(np.array([[0.0, 1.0]]), "top_k_abs", value)
+        select_groups(np.array([[0.0, 1.0]]), FilterRule("top_k_abs", value))
 
 
 # ----------------------------------------------------------------------------- entropy_variance / entropy_std
@@ -109,7 +109,7 @@ def test_entropy_metrics_agree_with_ragen(metric):
             theirs = theirs**2  # ragen2's entropy_variance is the variance; RAGEN's, under that name, the std
         np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6, err_msg=f"case {case}")
         value = int(rng.integers(1, num_groups + 2))
-        kept = select_groups(np.zeros((num_groups, group_size)), "top_k_abs", value, metric, scores=scores)
+        kept = select_groups(np.zeros((num_groups, group_size)), FilterRule("top_k_abs", value, metric), scores=scores)
         assert same_selection(kept, reference_select(torch.tensor(theirs), "top_k_abs", value, "largest", True), theirs)
 
 

@@ -17,6 +17,7 @@ from ragen2.filtering import (
     METRICS,
     ORDERS,
     STRATEGIES,
+    FilterRule,
     group_scores,
     group_stats,
     loss_scale,
@@ -49,8 +50,8 @@ WORKED = np.array(
 WORKED_RV = [0.0, 0.25, 1 / 3, 0.0, 4 / 3, 0.0025]
 
 
-def kept(rewards, **kwargs) -> list[int]:
-    out = select_groups(rewards, **kwargs)
+def kept(rewards, scores=None, **rule) -> list[int]:
+    out = select_groups(rewards, FilterRule(**rule), scores)
     assert out.dtype == np.int64
     assert list(out) == sorted(out)
     return out.tolist()
@@ -202,7 +203,7 @@ def test_all_zero_variance():
     # The paper's setting drops every group: empty, and the trainer skips the step.
     for strategy in STRATEGIES:
         value = 1 if strategy == "quartile" else 0.5
-        out = select_groups(rewards, strategy=strategy, value=value, include_zero=False)
+        out = select_groups(rewards, FilterRule(strategy=strategy, value=value, include_zero=False))
         assert out.dtype == np.int64 and out.shape == (0,)
 
 
@@ -233,11 +234,11 @@ def test_top_k_rounding():
     # 100 groups with distinct variances, group i's RV increasing with i.
     rewards = np.stack([np.zeros(100), np.linspace(0.1, 10.0, 100)], axis=1)
     # 0.29 * 100 == 28.999999999999996 in floats; the rule means 29.
-    assert len(select_groups(rewards, strategy="top_k", value=0.29)) == 29
-    assert select_groups(rewards, strategy="top_k", value=0.29).tolist() == list(range(71, 100))
-    assert len(select_groups(rewards, strategy="top_k", value=0.999)) == 99
-    assert len(select_groups(rewards, strategy="top_k", value=0.001)) == 1
-    assert len(select_groups(rewards[:5], strategy="top_k", value=0.5)) == 2
+    assert len(select_groups(rewards, FilterRule(strategy="top_k", value=0.29))) == 29
+    assert select_groups(rewards, FilterRule(strategy="top_k", value=0.29)).tolist() == list(range(71, 100))
+    assert len(select_groups(rewards, FilterRule(strategy="top_k", value=0.999))) == 99
+    assert len(select_groups(rewards, FilterRule(strategy="top_k", value=0.001))) == 1
+    assert len(select_groups(rewards[:5], FilterRule(strategy="top_k", value=0.5))) == 2
 
 
 def test_measured_metrics_use_scores():
@@ -299,13 +300,13 @@ def test_loss_scale():
 def test_unknown_names_list_valid_ones_and_suggest():
     msg = r"unknown filter strategy 'top-p'; valid: .*Did you mean: top_p"
     with pytest.raises(UnknownNameError, match=msg):
-        select_groups(WORKED, strategy="top-p")
+        select_groups(WORKED, FilterRule(strategy="top-p"))
     msg = r"unknown filter metric 'reward_var'; valid: .*Did you mean: reward_variance"
     with pytest.raises(UnknownNameError, match=msg):
-        select_groups(WORKED, metric="reward_var")
+        select_groups(WORKED, FilterRule(metric="reward_var"))
     msg = r"unknown filter order 'largets'; valid: largest, smallest\. Did you mean: largest"
     with pytest.raises(ConfigError, match=msg):
-        select_groups(WORKED, order="largets")
+        select_groups(WORKED, FilterRule(order="largets"))
     msg = r"unknown loss scale mode 'squareroot'; valid: none, linear, sqrt"
     with pytest.raises(ConfigError, match=msg):
         loss_scale(1, 2, "squareroot")
@@ -326,7 +327,7 @@ def test_unknown_names_list_valid_ones_and_suggest():
 def test_value_out_of_range_names_the_value(strategy, value, bounds):
     msg = rf"filter value {value!r} is out of range for strategy '{strategy}'.*{bounds}"
     with pytest.raises(ConfigError, match=msg):
-        select_groups(WORKED, strategy=strategy, value=value)
+        select_groups(WORKED, FilterRule(strategy=strategy, value=value))
 
 
 def test_none_ignores_value():
@@ -340,9 +341,9 @@ def test_one_episode_refused_for_variance():
     with pytest.raises(ConfigError, match=msg):
         select_groups(rewards)
     with pytest.raises(ConfigError, match=r"metric 'reward_std' needs"):
-        select_groups(rewards, metric="reward_std")
+        select_groups(rewards, FilterRule(metric="reward_std"))
     with pytest.raises(ConfigError, match=r"include_zero=False needs"):
-        select_groups(rewards, metric="mean_reward", include_zero=False)
+        select_groups(rewards, FilterRule(metric="mean_reward", include_zero=False))
     with pytest.raises(ConfigError, match=r"group_stats needs"):
         group_stats(rewards)
 
@@ -363,32 +364,32 @@ def test_bad_rewards_refused():
 
 def test_bad_options_refused():
     with pytest.raises(ConfigError, match=r"ddof 4 must be an integer in \[0, G-1=3\]"):
-        select_groups(WORKED, ddof=4)
+        select_groups(WORKED, FilterRule(ddof=4))
     with pytest.raises(ConfigError, match=r"filter selection_eps -0\.1 must be a number >= 0"):
-        select_groups(WORKED, selection_eps=-0.1)
+        select_groups(WORKED, FilterRule(selection_eps=-0.1))
     with pytest.raises(ConfigError, match=r"filter zero_tol -1 must be a number >= 0"):
-        select_groups(WORKED, zero_tol=-1)
+        select_groups(WORKED, FilterRule(zero_tol=-1))
     negative = np.array([[-1.0, -1.0], [1.0, 0.0]])  # mean rewards -1, 0.5
     msg = r"strategy 'top_p' needs non-negative scores, but metric 'mean_reward' gives group 0 the"
     msg += r" score -1\. Use strategy 'top_k' or 'top_p_softmax'"
     with pytest.raises(ConfigError, match=msg):
-        select_groups(negative, metric="mean_reward")
+        select_groups(negative, FilterRule(metric="mean_reward"))
     with pytest.raises(ConfigError, match=r"strategy 'min_p' needs non-negative scores"):
-        select_groups(negative, strategy="min_p", metric="mean_reward")
+        select_groups(negative, FilterRule(strategy="min_p", metric="mean_reward"))
 
 
 def test_bad_scores_refused():
     msg = r"metric 'length' ranks groups by .* pass scores= .*\(P=6, G=4\)"
     with pytest.raises(ConfigError, match=msg):
-        select_groups(WORKED, metric="length")
+        select_groups(WORKED, FilterRule(metric="length"))
     msg = r"scores for metric 'entropy' has shape \(5,\); expected \(6,\) or \(6, 4\)"
     with pytest.raises(ConfigError, match=msg):
-        select_groups(WORKED, metric="entropy", scores=np.ones(5))
+        select_groups(WORKED, FilterRule(metric="entropy"), scores=np.ones(5))
     msg = r"scores= is only used by the metrics length, entropy; metric 'reward_variance'"
     with pytest.raises(ConfigError, match=msg):
         select_groups(WORKED, scores=np.ones(6))
     with pytest.raises(ConfigError, match=r"contain NaN or inf"):
-        select_groups(WORKED, metric="length", scores=[1, 2, np.nan, 4, 5, 6])
+        select_groups(WORKED, FilterRule(metric="length"), scores=[1, 2, np.nan, 4, 5, 6])
 
 
 def test_loss_scale_bad_counts_refused():
@@ -431,7 +432,7 @@ def reference_ranking(rewards: np.ndarray, include_zero: bool, order: str) -> tu
 )
 def test_kept_set_is_a_prefix_of_the_stable_ranking(rewards, strategy, value, include_zero, order):
     options = {"value": value, "include_zero": include_zero, "order": order}
-    out = select_groups(rewards, strategy=strategy, **options)
+    out = select_groups(rewards, FilterRule(strategy=strategy, **options))
     ranked, _ = reference_ranking(rewards, include_zero, order)
     assert out.tolist() == sorted(ranked[: len(out)])
     if strategy != "top_p":  # top_p alone may keep nothing of a batch whose score lies within its slack
@@ -442,7 +443,7 @@ def test_kept_set_is_a_prefix_of_the_stable_ranking(rewards, strategy, value, in
 @given(rewards=reward_matrix, include_zero=st.booleans(), strategy=st.sampled_from(["top_p", "top_p_softmax"]))
 def test_value_one_keeps_every_candidate(rewards, include_zero, strategy):
     """The reference's rho >= 1: every candidate, zero scores included."""
-    out = select_groups(rewards, strategy=strategy, value=1.0, include_zero=include_zero)
+    out = select_groups(rewards, FilterRule(strategy=strategy, value=1.0, include_zero=include_zero))
     assert out.tolist() == sorted(reference_ranking(rewards, include_zero, "largest")[0])
 
 
@@ -451,7 +452,7 @@ def test_value_one_keeps_every_candidate(rewards, include_zero, strategy):
        order=st.sampled_from(ORDERS), selection_eps=st.sampled_from([0.0, 0.01, 0.5]))
 def test_top_p_is_the_smallest_prefix_reaching_the_target(rewards, value, include_zero, order, selection_eps):
     options = {"value": value, "include_zero": include_zero, "order": order, "selection_eps": selection_eps}
-    out = select_groups(rewards, strategy="top_p", **options)
+    out = select_groups(rewards, FilterRule(strategy="top_p", **options))
     _, ranked_rv = reference_ranking(rewards, include_zero, order)
     total = math.fsum(ranked_rv)
     k = len(out)
@@ -466,10 +467,10 @@ def test_top_p_is_the_smallest_prefix_reaching_the_target(rewards, value, includ
 @given(rewards=reward_matrix, value=unit.filter(lambda v: v > 0), include_zero=st.booleans())
 def test_top_k_count_and_min_p_threshold(rewards, value, include_zero):
     ranked, ranked_rv = reference_ranking(rewards, include_zero, "largest")
-    top_k = select_groups(rewards, strategy="top_k", value=value, include_zero=include_zero)
+    top_k = select_groups(rewards, FilterRule(strategy="top_k", value=value, include_zero=include_zero))
     expected = max(1, min(len(ranked), math.floor(value * len(rewards) + 1e-9))) if ranked else 0
     assert len(top_k) == expected  # a fraction of all P groups, as the reference's int(rho * P)
-    min_p = select_groups(rewards, strategy="min_p", value=value, include_zero=include_zero)
+    min_p = select_groups(rewards, FilterRule(strategy="min_p", value=value, include_zero=include_zero))
     rv = group_scores(rewards)
     threshold = value * rv[ranked[0]] if ranked else 0.0
     assert min_p.tolist() == sorted(i for i in ranked if rv[i] >= threshold - 1e-10 - 1e-9 * threshold)
@@ -478,7 +479,7 @@ def test_top_k_count_and_min_p_threshold(rewards, value, include_zero):
 def test_min_p_with_a_tiny_value_drops_zero_groups_as_the_reference():
     """Threshold 1e-9 * 0.5 = 5e-10: the reference's 1e-10 slack does not reach a zero score."""
     rewards = np.array([[0.0, 1.0], [1.0, 1.0]])
-    assert select_groups(rewards, strategy="min_p", value=1e-9, include_zero=True).tolist() == [0]
+    assert select_groups(rewards, FilterRule(strategy="min_p", value=1e-9, include_zero=True)).tolist() == [0]
 
 
 # ----------------------------------------------------------------------------- the reference's rule, exactly
@@ -547,8 +548,7 @@ def test_selection_equals_the_reference_rule_in_exact_arithmetic(
     if strategy == "top_p" and order == "smallest":
         return  # the reference stops at the first zero score from the bottom; ragen2 walks on (docs/filtering.md)
     expected = exact_reference_selection(rewards, strategy, value, include_zero, order, selection_eps)
-    out = select_groups(np.array([[float(r) for r in row] for row in rewards]), strategy, float(value),
-                        include_zero=include_zero, order=order, selection_eps=float(selection_eps))
+    out = select_groups(np.array([[float(r) for r in row] for row in rewards]), FilterRule(strategy, float(value), include_zero=include_zero, order=order, selection_eps=float(selection_eps)))
     assert out.tolist() == expected
 
 
@@ -559,7 +559,7 @@ def test_identical_groups_keep_exactly_the_fraction_asked(strategy, group):
     for n in range(1, 21):
         rewards = np.tile(group, (n, 1))
         for k in range(1, n):
-            out = select_groups(rewards, strategy, k / n, selection_eps=0.0)
+            out = select_groups(rewards, FilterRule(strategy, k / n, selection_eps=0.0))
             assert len(out) == k, (n, k)
             assert out.tolist() == list(range(k))  # ties keep the lower index
 
@@ -584,12 +584,12 @@ def test_selection_does_not_depend_on_the_order_of_episodes_or_groups(data, stra
     if strategy == "quartile":
         value = 1 + int(value * 3.999)
     options = {"strategy": strategy, "value": value, "include_zero": include_zero, "order": order}
-    out = select_groups(rewards, **options)
+    out = select_groups(rewards, FilterRule(**options))
     shuffled = np.array([rng.sample(list(row), len(row)) for row in rewards])
-    assert select_groups(shuffled, **options).tolist() == out.tolist()
+    assert select_groups(shuffled, FilterRule(**options)).tolist() == out.tolist()
 
     perm = np.array(rng.sample(range(len(rewards)), len(rewards)))  # new group i is old group perm[i]
-    moved = select_groups(rewards[perm], **options)
+    moved = select_groups(rewards[perm], FilterRule(**options))
     scores = group_scores(rewards)
     assert sorted(scores[perm[moved]].tolist()) == sorted(scores[out].tolist())
     if len(np.unique(scores)) == len(scores):  # no ties: the very same groups
@@ -609,8 +609,8 @@ def test_every_metric_and_strategy_runs():
     scores = np.arange(6.0)
     for metric in METRICS:
         for strategy in PREFIX_STRATEGIES:
-            extra = {"scores": scores} if metric in ("length", "entropy") else {}
-            out = select_groups(WORKED, strategy=strategy, value=0.5, metric=metric, **extra)
+            measured = scores if metric in ("length", "entropy") else None
+            out = select_groups(WORKED, FilterRule(strategy=strategy, value=0.5, metric=metric), measured)
             assert 1 <= len(out) <= 6
 
 
@@ -644,7 +644,7 @@ def test_quartiles_partition_eight_groups_by_rv():
 @pytest.mark.parametrize("value", [0, 5, 0.5, 2.5, True, "1"])
 def test_quartile_value_must_be_one_to_four(value):
     with pytest.raises(ConfigError, match=rf"filter value {value!r} .*'quartile'.*1 \(the highest scores\)"):
-        select_groups(WORKED, strategy="quartile", value=value)
+        select_groups(WORKED, FilterRule(strategy="quartile", value=value))
 
 
 # ----------------------------------------------------------------------------- trajectory level
@@ -722,7 +722,7 @@ def test_top_k_counts_all_groups():
 def test_exact_boundaries():
     """F5: ten groups of [0, 0, 0, 1] (std 0.5): 0.9 of the total 5 is reached by nine, exactly."""
     rewards = np.tile([0.0, 0.0, 0.0, 1.0], (10, 1))
-    assert len(select_groups(rewards, "top_p", 0.9, "reward_std", selection_eps=0.0)) == 9
-    assert len(select_groups(rewards, "top_p", 0.9, "reward_std")) == 9
+    assert len(select_groups(rewards, FilterRule("top_p", 0.9, "reward_std", selection_eps=0.0))) == 9
+    assert len(select_groups(rewards, FilterRule("top_p", 0.9, "reward_std"))) == 9
     # Six equal groups, softmax 1/6 each: 0.5 is reached by three.
     assert kept(np.tile([0.0, 1.0], (6, 1)), strategy="top_p_softmax", value=0.5) == [0, 1, 2]

@@ -8,7 +8,7 @@ import pytest
 from ragen2.config import load_config
 from ragen2.errors import ConfigError
 from ragen2.evaluate import pass_at_k
-from ragen2.filtering import select_groups, select_groups_by_tag
+from ragen2.filtering import FilterRule, select_groups, select_groups_by_tag
 from ragen2.mixture import TaggedEnv, apportion, eval_envs, label, per_group, tagged_metrics, training_envs
 
 MIX = "env.mixture=[{name: sokoban, groups: 2}, {name: bandit, kwargs: {split: test}, tag: bandit-test, groups: 6}]"
@@ -76,12 +76,12 @@ def test_per_tag_filter_keeps_the_same_fraction_of_each_tag():
     # Tag a's returns are on Sokoban's scale (+10), tag b's on Bandit's (0/1): ranked together, a wins every slot.
     rewards = np.array([[10, 0], [10, -1], [0, 3], [1, 0], [0, 0], [1, 1]], float)  # [P=6, G=2]
     tags = ["a", "a", "a", "b", "b", "b"]
-    rule = dict(strategy="top_k", value=0.5, include_zero=True)
-    assert select_groups(rewards, **rule).tolist() == [0, 1, 2]
-    assert select_groups_by_tag(rewards, tags, **rule).tolist() == [1, 3]  # int(0.5 * 3) = 1 of each
+    rule = FilterRule(strategy="top_k", value=0.5, include_zero=True)
+    assert select_groups(rewards, rule).tolist() == [0, 1, 2]
+    assert select_groups_by_tag(rewards, tags, rule).tolist() == [1, 3]  # int(0.5 * 3) = 1 of each
     # Interleaved tags map back to the batch's indices; measured scores are split with the rewards.
     scores = np.arange(12, dtype=float).reshape(6, 2)
-    kept = select_groups_by_tag(rewards, ["b", "a"] * 3, scores, strategy="top_k", value=0.4, metric="length")
+    kept = select_groups_by_tag(rewards, ["b", "a"] * 3, FilterRule(strategy="top_k", value=0.4, metric="length"), scores)
     assert kept.tolist() == [4, 5]  # the longest group of each tag
 
 

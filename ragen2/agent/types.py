@@ -33,7 +33,7 @@ class Turn:
     # Behaviour log-probs of response_ids under the sampling distribution, when the backend gives them: what
     # off-policy correction compares the trained policy with (ragen2.rl.losses.rollout_correction).
     logprobs: list[float] | None = None
-    # The weights' version that generated it (ragen2.rl.trainer.rollout_phase): with partial rollouts
+    # The weights' version that generated it (ragen2.rl.rollout_stage.rollout_phase): with partial rollouts
     # (async.partial_rollouts) later turns of an episode may come from newer weights than its first.
     policy_version: int = 0
 

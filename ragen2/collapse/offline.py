@@ -27,8 +27,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from ragen2.collapse.heatmap import draw_heatmap
 from ragen2.collapse.metrics import MARGINALS, MIN_PAIRS, mi_metrics, proxies_undefined
 from ragen2.collapse.online import RECALL_KS
-# split_completion is not used here: ragen2.integrations.trl imports it from this module with Record and select_pairs.
-from ragen2.collapse.rollout_files import LISTED, Record, RolloutFile, read_rollouts, split_completion  # noqa: F401
+from ragen2.collapse.rollout_files import LISTED, Record, RolloutFile, read_rollouts
 from ragen2.collapse.scoring import score_matrix
 from ragen2.errors import ConfigError, RolloutFormatError
 from ragen2.evaluate import new_results_dir

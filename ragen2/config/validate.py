@@ -328,7 +328,7 @@ def check_mixture(config: Config) -> None:
 
 def _validate_agent(config: Config) -> None:
     """agent.entrypoint names a function of two arguments, and the settings it needs hold."""
-    from ragen2.serve.entrypoint import load_entrypoint
+    from ragen2.entrypoint import load_entrypoint
 
     missing = [name for name in ("openai", "fastapi", "uvicorn") if importlib.util.find_spec(name) is None]
     if missing:

@@ -77,11 +77,12 @@ from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 from ragen2.agent.backends import HFBackend  # noqa: E402
 from ragen2.agent.rollout import conversation, rollout  # noqa: E402
 from ragen2.collapse.metrics import MARGINALS, EmaState, mi_metrics  # noqa: E402
-from ragen2.collapse.offline import Record, select_pairs, split_completion  # noqa: E402
+from ragen2.collapse.offline import select_pairs  # noqa: E402
+from ragen2.collapse.rollout_files import Record, split_completion  # noqa: E402
 from ragen2.collapse.online import RECALL_KS  # noqa: E402
 from ragen2.collapse.scoring import score_matrix  # noqa: E402
 from ragen2.config import RolloutConfig  # noqa: E402
-from ragen2.filtering import LOSS_SCALE_MODES, group_stats, loss_scale, select_groups  # noqa: E402
+from ragen2.filtering import LOSS_SCALE_MODES, FilterRule, group_stats, loss_scale, select_groups  # noqa: E402
 
 FILTER_STRATEGIES = ("top_p", "top_k")
 # How each TRL 1.16 loss type normalises. Row-counting ones divide by a count that includes
@@ -204,17 +205,17 @@ def select_reward_variance_groups(
 ) -> np.ndarray:
     """Indices of the groups to train on, int64 [K] ascending, from rewards [P, G]: `select_groups`' choice.
 
-    'top_p' is `select_groups(rewards, "top_p", top_p, ...)`. 'top_k' keeps min(top_k, C) of the C
+    'top_p' is `select_groups(rewards, FilterRule("top_p", top_p, ...))`. 'top_k' keeps min(top_k, C) of the C
     candidates, at least one (`select_groups`' "top_k" rule with the fraction min(top_k, P) / P).
     """
     if strategy == "top_p":
-        return select_groups(rewards, "top_p", top_p, include_zero=include_zero, selection_eps=selection_eps)
+        return select_groups(rewards, FilterRule("top_p", top_p, include_zero=include_zero, selection_eps=selection_eps))
     if strategy != "top_k":
         raise ConfigError(f"strategy={strategy!r} is not allowed; allowed values: {', '.join(FILTER_STRATEGIES)}")
     if top_k is None or top_k < 1:
         raise ConfigError(f"strategy 'top_k' needs top_k >= 1 groups; got {top_k!r}")
     num_groups = len(rewards)
-    return select_groups(rewards, "top_k", min(top_k, num_groups) / num_groups, include_zero=include_zero)
+    return select_groups(rewards, FilterRule("top_k", min(top_k, num_groups) / num_groups, include_zero=include_zero))
 
 
 def process_keep_mask(

@@ -24,6 +24,7 @@ policy. docs/integrations.md has copy-paste examples and says what is and is not
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -45,17 +46,17 @@ from ragen2.collapse.metrics import EmaState, mi_metrics
 from ragen2.collapse.scoring import score_matrix
 from ragen2.config import FilterConfig
 from ragen2.errors import ConfigError, UnknownNameError, did_you_mean
-from ragen2.filtering import REWARD_METRICS, group_stats, select_groups
+from ragen2.filtering import REWARD_METRICS, FilterRule, group_stats, select_groups
 
-# The options of `select_groups` that a verl config can set; their defaults are those of
+# The settings of the filter rule that a verl config can set; their defaults are those of
 # ragen2's `filter` section (the paper's main setting: top_p, rho = 0.9, zero-RV groups dropped).
-FILTER_KEYS = ("strategy", "value", "metric", "include_zero", "ddof", "order", "selection_eps", "zero_tol")
+FILTER_KEYS = tuple(f.name for f in dataclasses.fields(FilterRule))
 SAMPLER_KWARGS = "trainer.v1.sampler.sampler_kwargs"
 DEFAULT_MAX_RESAMPLES = 4
 
 
-def filter_options(options: Mapping[str, Any] | None = None, where: str = "filter") -> dict[str, Any]:
-    """`select_groups`' keyword arguments: ragen2's `filter` defaults updated by `options`.
+def filter_rule(options: Mapping[str, Any] | None = None, where: str = "filter") -> FilterRule:
+    """The filter rule: ragen2's `filter` defaults updated by `options`.
 
     Checked here, at start, rather than at the first step after a rollout: an unknown key or
     a bad value raises ConfigError naming `where.<key>` and the allowed values.
@@ -66,22 +67,21 @@ def filter_options(options: Mapping[str, Any] | None = None, where: str = "filte
             raise ConfigError(
                 f"unknown key {where}.{key}; valid: {', '.join(FILTER_KEYS)}." + did_you_mean(key, FILTER_KEYS)
             )
-    defaults = FilterConfig()
-    kwargs = {key: options.get(key, getattr(defaults, key)) for key in FILTER_KEYS}
-    if kwargs["metric"] not in REWARD_METRICS:
+    rule = dataclasses.replace(FilterRule.of(FilterConfig()), **options)
+    if rule.metric not in REWARD_METRICS:
         raise ConfigError(
-            f"{where}.metric={kwargs['metric']!r} is not supported in verl: the filter sees only rewards; "
+            f"{where}.metric={rule.metric!r} is not supported in verl: the filter sees only rewards; "
             f"allowed values: {', '.join(REWARD_METRICS)}."
         )
-    try:  # select_groups checks every option; a dry run on one group of two episodes runs those checks
-        select_groups(np.zeros((1, 2)), **kwargs)
+    try:  # select_groups checks every setting; a dry run on one group of two episodes runs those checks
+        select_groups(np.zeros((1, 2)), rule)
     except (ConfigError, UnknownNameError) as e:
         raise ConfigError(f"{where}: {e.args[0]}") from None
-    return kwargs
+    return rule
 
 
 def choose_groups(
-    groups: Sequence[str], returns: np.ndarray, options: Mapping[str, Any]
+    groups: Sequence[str], returns: np.ndarray, rule: FilterRule
 ) -> tuple[set[str], dict[str, float]]:
     """The groups to train on, and the filter's metrics, from each episode's group and return.
 
@@ -97,8 +97,8 @@ def choose_groups(
     complete = [g for g, m in members.items() if len(m) == size]
     incomplete = [g for g, m in members.items() if len(m) < size]
     rewards = np.asarray(returns, dtype=np.float64)[np.array([members[g] for g in complete])]  # [P, G]
-    kept = select_groups(rewards, **options)
-    metrics = {f"rollout/{k}": v for k, v in group_stats(rewards, options["ddof"], options["zero_tol"]).items()}
+    kept = select_groups(rewards, rule)
+    metrics = {f"rollout/{k}": v for k, v in group_stats(rewards, rule.ddof, rule.zero_tol).items()}
     metrics |= {
         "filter/kept_groups": float(len(kept)),
         "filter/kept_ratio": len(kept) / len(complete),
@@ -127,7 +127,7 @@ class _SNRFilter:
         self.max_resamples = options.pop("max_resamples", DEFAULT_MAX_RESAMPLES)
         if type(self.max_resamples) is not int or self.max_resamples < 0:  # type(): True is no count
             raise ConfigError(f"{SAMPLER_KWARGS}.max_resamples={self.max_resamples!r} must be an integer >= 0")
-        self.filter_options = filter_options(options, where=SAMPLER_KWARGS)
+        self.filter_rule = filter_rule(options, where=SAMPLER_KWARGS)
 
     def sample(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[KVBatchMeta, dict]:
         """verl's batch of `batch_size` groups, less the groups the filter drops.
@@ -154,7 +154,7 @@ class _SNRFilter:
             metrics |= more
         raise RuntimeError(
             f"SNR filter: no group kept in {self.max_resamples + 1} batches of {batch_size} prompts: every group's "
-            f"rewards are equal (reward std <= zero_tol={self.filter_options['zero_tol']}) or top_p kept none of them, "
+            f"rewards are equal (reward std <= zero_tol={self.filter_rule.zero_tol}) or top_p kept none of them, "
             f"so the policy gets no task signal. Set {SAMPLER_KWARGS}.include_zero=true to train on them anyway, "
             "or raise max_resamples."
         )
@@ -177,7 +177,7 @@ class _SNRFilter:
                 final[uid, session] = (index, float(scores.sum()))
         groups = [uid for uid, _ in final]
         returns = np.array([reward for _, reward in final.values()])
-        return choose_groups(groups, returns, self.filter_options)
+        return choose_groups(groups, returns, self.filter_rule)
 
 
 class SNRReplayBuffer(_SNRFilter, ReplayBuffer):
@@ -206,7 +206,7 @@ def filter_batch(
                   kept rows are topped up to a multiple of it with rows of dropped groups whose
                   `response_mask` is zeroed. Those rows add nothing to the advantages' groups or
                   to the loss: verl's loss aggregation leaves out fully masked rows.
-    options:      `select_groups` options (FILTER_KEYS); defaults as ragen2's `filter` section.
+    options:      the filter rule's settings (FILTER_KEYS); defaults as ragen2's `filter` section.
 
     Kept rows keep their order; fillers come last. `meta_info` is copied, with the per-row
     `global_token_num` cut to the rows returned. When nothing is kept the result has no rows and
@@ -221,7 +221,7 @@ def filter_batch(
         )
     uids, _ = _groups(data)
     returns = data.batch[reward_key].sum(-1).double().cpu().numpy()  # [B]
-    keep, metrics = choose_groups(uids, returns, filter_options(options))
+    keep, metrics = choose_groups(uids, returns, filter_rule(options))
     kept = [i for i, uid in enumerate(uids) if uid in keep]
     dropped = [i for i, uid in enumerate(uids) if uid not in keep]
     fill = (-len(kept)) % size_divisor if kept else 0

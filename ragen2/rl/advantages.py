@@ -9,8 +9,8 @@ runs separated by environment tokens.
 Outcome estimators (GRPO, Dr.GRPO, RLOO) map one episode return per sequence to
 one advantage per sequence, ``[B] -> [B]``; ``broadcast_to_tokens`` spreads it
 over the model tokens. Token estimators (GAE, REINFORCE++) return ``[B, T]``.
-Turn-level estimators (GiGPO) give one advantage per turn of each episode;
-``turn_values_to_tokens`` spreads each over its turn's model tokens.
+Turn-level estimators (GiGPO, in ragen2.rl.gigpo) give one advantage per turn of each
+episode; ``turn_values_to_tokens`` spreads each over its turn's model tokens.
 RAGEN's options around the estimator (``normalize_returns`` before it,
 ``soft_reweight_weights`` and ``length_weighted`` after it) are at the end.
 
@@ -37,7 +37,6 @@ __all__ = [
     "discounted_returns",
     "drgrpo_advantages",
     "gae_advantages",
-    "gigpo_advantages",
     "grpo_advantages",
     "length_weighted",
     "normalize_returns",
@@ -306,77 +305,6 @@ def reinforce_pp_baseline_advantages(
 
 
 # ----------------------------------------------------------------------------- turn-level credit
-
-
-def gigpo_advantages(
-    step_rewards: Sequence[Sequence[float]],
-    group_ids: Sequence[Hashable],
-    anchors: Sequence[Sequence[Hashable]],
-    gamma: float = 1.0,
-    step_weight: float = 1.0,
-    mode: str = "mean_norm",
-    episode_stats: str = "steps",
-    epsilon: float = 1e-6,
-) -> list[np.ndarray]:
-    """GiGPO: an episode-level group advantage plus a step-level one over anchor-state groups.
-
-    E episodes. step_rewards: E lists, one per episode, of its turns' rewards (turn t of episode
-    e: step_rewards[e][t]); group_ids: [E], episodes with one id share their environment seed;
-    anchors: E lists of hashable observation keys, one per turn. Returns E float arrays, [T_e]
-    each: the advantage of each turn, episode advantage + step_weight x step advantage.
-
-    Episode level: each episode's return (the sum of its rewards) against its group's mean;
-    `mode="mean_std_norm"` also divides by the group's std (unbiased) + epsilon. With
-    `episode_stats="steps"` the mean and std run over the group's step rows, so an episode counts
-    once per turn (verl-agent's code); `"episodes"` counts each episode once (the GiGPO paper).
-    A group of one row gets mean 0 and std 1, as in verl-agent.
-    Step level: each turn's discounted return (rewards from that turn on, discounted by gamma)
-    against the other turns of its episode group that saw the identical observation (an anchor
-    state group); a turn alone in its anchor group gets 0.
-    """
-    if mode not in ("mean_norm", "mean_std_norm"):
-        raise ValueError(f"mode={mode!r} is not allowed: use 'mean_norm' or 'mean_std_norm'")
-    if episode_stats not in ("steps", "episodes"):
-        raise ValueError(f"episode_stats={episode_stats!r} is not allowed: use 'steps' or 'episodes'")
-    if not len(step_rewards) == len(group_ids) == len(anchors):
-        raise ValueError(f"expected one entry per episode, got {len(step_rewards)} step-reward lists, "
-                         f"{len(group_ids)} group ids and {len(anchors)} anchor lists")
-    rewards = [np.asarray(r, dtype=np.float64) for r in step_rewards]
-    for e, (r, a) in enumerate(zip(rewards, anchors)):
-        if len(r) != len(a):
-            raise ValueError(f"episode {e} has {len(r)} step rewards but {len(a)} anchors: give one per turn")
-    scaled = mode == "mean_std_norm"
-
-    returns = [float(r.sum()) for r in rewards]
-    episode_rows: dict[Hashable, list[float]] = defaultdict(list)
-    for e, g in enumerate(group_ids):
-        episode_rows[g] += [returns[e]] * (len(rewards[e]) if episode_stats == "steps" else 1)
-    episode_norm = {g: _normaliser(rows, lone_mean=0.0) for g, rows in episode_rows.items()}
-
-    step_returns = [discounted_returns(r, gamma) for r in rewards]
-    step_rows: dict[tuple[Hashable, Hashable], list[float]] = defaultdict(list)
-    for e, g in enumerate(group_ids):
-        for anchor, value in zip(anchors[e], step_returns[e]):
-            step_rows[g, anchor].append(value)
-    step_norm = {key: _normaliser(rows, lone_mean=None) for key, rows in step_rows.items()}
-
-    out = []
-    for e, g in enumerate(group_ids):
-        mean, std = episode_norm[g] if g in episode_norm else (0.0, 1.0)
-        episode = (returns[e] - mean) / (std + epsilon if scaled else 1.0)
-        step = np.array([
-            (value - step_norm[g, anchor][0]) / (step_norm[g, anchor][1] + epsilon if scaled else 1.0)
-            for anchor, value in zip(anchors[e], step_returns[e])
-        ])
-        out.append(episode + step_weight * step if len(step) else np.zeros(0))
-    return out
-
-
-def _normaliser(rows: list[float], lone_mean: float | None) -> tuple[float, float]:
-    """(mean, unbiased std) of a group's rows; a single row: (lone_mean or the row itself, 1)."""
-    if len(rows) == 1:
-        return (rows[0] if lone_mean is None else lone_mean), 1.0
-    return float(np.mean(rows)), float(np.std(rows, ddof=1))
 
 
 def discounted_returns(rewards: np.ndarray, gamma: float) -> np.ndarray:

@@ -50,6 +50,7 @@ from ragen2.config import Config
 from ragen2.errors import ConfigError, RolloutWorkerError
 from ragen2.models.loading import resolve_device
 from ragen2.rl import distributed
+from ragen2.rl.rollout_stage import rollout_phase
 from ragen2.rl.run import Run, load_trainable_policy
 
 TRAINER = 0  # global rank of the trainer in the world a run on one machine makes with its workers
@@ -336,9 +337,6 @@ class _Worker:
     receives), a Run holding what `rollout_phase` reads, and the broadcast of weights it is waiting on."""
 
     def __init__(self, config: Config, roles: Roles, alive: Callable[..., None]):
-        from ragen2.rl.trainer import rollout_phase  # the trainer imports this module
-
-        self.rollout_phase = rollout_phase
         self.config, self.roles, self.alive = config, roles, alive
         self.lead = dist.get_rank() == roles.lead_rollout
         device = resolve_device(config.model.device)
@@ -363,7 +361,7 @@ class _Worker:
                 break
             waited = time.perf_counter()
             newest = self._newest if self.config.async_.partial_rollouts else None
-            trajectories, metrics = self.rollout_phase(self.state, step, candidates(self.config), self.version, newest)
+            trajectories, metrics = rollout_phase(self.state, step, candidates(self.config), self.version, newest)
             metrics |= {"async/worker_wait_s": waited - start, "async/worker_rollout_s": time.perf_counter() - waited}
             if self.lead:
                 sends = [w for w in sends if not w.is_completed()]

@@ -17,13 +17,13 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 import yaml
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ragen2.agent import GenerationBackend
+from ragen2.agent import GenerationBackend, Trajectory
 from ragen2.collapse.online import OnlineDiagnostics
 from ragen2.mixture import is_mixture, label
 from ragen2.config import Config, config_from_file, save_config, to_dict
@@ -43,14 +43,22 @@ from ragen2.rl.critic import load_critic
 from ragen2.rl.guards import EarlyStopGuards
 from ragen2.rl.kl_control import KLController
 from ragen2.rl.run_lock import RunLock
-from ragen2.serve.entrypoint import agent_name
+from ragen2.entrypoint import agent_name
 from ragen2.tracking import Tracker
 
 if TYPE_CHECKING:
-    from ragen2.rl.async_rollout import AsyncRollouts
     from ragen2.serve.agent_loop import AgentRunner
 
 log = logging.getLogger(__name__)
+
+
+class RolloutSource(Protocol):
+    """Where an asynchronous run's groups come from (ragen2.rl.async_rollout's end of the worker in the
+    trainer): the groups played for a step, and the news that the weights of a step are ready."""
+
+    def take(self, step: int) -> tuple[list[Trajectory], dict[str, float]]: ...
+
+    def push(self, step: int) -> None: ...
 
 
 @dataclass
@@ -83,7 +91,7 @@ class Run:
     # has already moved the live state, and the checkpoint written then must not include that move.
     diagnostics_at_step: dict | None = None
     agent: AgentRunner | None = None  # agent.entrypoint: its endpoint and function, made at the first rollout
-    rollouts: AsyncRollouts | None = None  # async.max_staleness > 0: the rollout worker's end in the trainer
+    rollouts: RolloutSource | None = None  # async.max_staleness > 0: the rollout worker's end in the trainer
 
 
 def setup(config: Config, resume_dir: Path | None = None) -> Run:

@@ -1,16 +1,17 @@
-"""The RL training loop: multi-turn rollouts, SNR-aware filtering and a PPO-style update.
+"""The RL training loop: the schedule of a step, its stop and interrupt handling.
 
-One step is a list of named, timed phases (each logged as `timing_s/<phase>`):
+One step is a list of named, timed phases (each logged as `timing_s/<phase>`), each in a module
+of its own under ragen2/rl/, so the schedule below reads top to bottom:
 
-    rollout    play P groups x G episodes with the current policy (ragen2.agent.rollout)
+    rollout    play P groups x G episodes with the current policy (rollout_stage.py)
     collapse   MI proxies of template collapse on the whole batch (ragen2.collapse.online); with a
                rollout worker, also on the groups of each staleness
-    filter     keep the groups whose returns vary most (ragen2.filtering, RAGEN-2 §6)
+    filter     keep the groups whose returns vary most (filter_stage.py over ragen2.filtering, RAGEN-2 §6)
     grad_snr   every `grad_snr.freq` steps when enabled: task / KL / entropy gradient
-               norms per reward-variance bucket, no optimizer step (ragen2.collapse.grad_snr)
+               norms per reward-variance bucket, no optimizer step (grad_snr.py)
     advantage  advantages of the kept groups only, so group baselines stay intact (with
-               `algo.kl_in_reward`, the KL penalty in the rewards, then beta's update)
-    update     clipped policy-gradient epochs over mini-batches (+ the critic for PPO)
+               `algo.kl_in_reward`, the KL penalty in the rewards, then beta's update; advantage_stage.py)
+    update     clipped policy-gradient epochs over mini-batches (+ the critic for PPO; update_stage.py)
     evaluate   held-out episodes every `trainer.eval_every` steps and at the end
     checkpoint every `trainer.save_every` steps and at the end (ragen2.rl.checkpoint)
 
@@ -50,109 +51,47 @@ import signal
 import sys
 import threading
 import time
-from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 
-from ragen2.agent import GenerationBackend, HFBackend, RolloutStats, Trajectory, group_seeds, rollout, summarize
+from ragen2.agent import Trajectory
 from ragen2.agent.backends import reuse_prefixes
 from ragen2.agent.prefix_cache import PrefixStore
-from ragen2.agent.rollout import stable_seed
-from ragen2.agent.vllm_backend import VLLMBackend
-from ragen2.cpu_threads import callers_threads_restored
 from ragen2.collapse.alarm import AlarmDecision
-from ragen2.collapse.grad_snr import grad_snr_probe, group_reward_variance
 from ragen2.collapse.online import held_out_proxies
-from ragen2.collapse.turn_signal import turn_signal_metrics
-from ragen2.config import Config, FilterConfig, validate
-from ragen2.envs import EVAL_SEED_OFFSET
-from ragen2.errors import ConfigError, DivergedError
+from ragen2.config import Config, validate
+from ragen2.cpu_threads import callers_threads_restored
 from ragen2.evaluate import evaluate, evaluate_agent, evaluate_mixture, write_rollout_records
-from ragen2.filtering import (
-    group_scores,
-    group_stats,
-    loss_scale,
-    select_anchor_turns,
-    select_groups,
-    select_groups_by_tag,
-    select_trajectories,
-)
-from ragen2.mixture import eval_envs, is_mixture, per_group, tagged_metrics, training_envs
+from ragen2.filtering import loss_scale
+from ragen2.mixture import eval_envs, is_mixture
 from ragen2.models.loading import resolve_device
 from ragen2.progress import Progress
 from ragen2.rl import distributed, fsdp
+from ragen2.rl.advantage_stage import advantage_phase, kl_control_phase
 from ragen2.rl.async_rollout import candidates, launched_roles, rollout_worker, serve_rollouts
-from ragen2.rl.advantages import (
-    bi_level_gae,
-    broadcast_to_tokens,
-    drgrpo_advantages,
-    gae_advantages,
-    gigpo_advantages,
-    grpo_advantages,
-    length_weighted,
-    normalize_returns,
-    place_terminal_reward,
-    reinforce_pp_advantages,
-    reinforce_pp_baseline_advantages,
-    rloo_advantages,
-    soft_reweight_weights,
-    turn_ends,
-    turn_values_to_tokens,
-)
-from ragen2.rl.batch import Batch, build_batch, response_logits
 from ragen2.rl.checkpoint import mark_latest, save_checkpoint
-from ragen2.rl.critic import critic_values
-from ragen2.rl.kl_control import kl_reward_penalty, mean_sequence_kl
-from ragen2.rl.losses import (
-    aggregate,
-    entropy_from_logits,
-    kl_penalty,
-    policy_loss,
-    rollout_correction,
-    token_logprobs,
-    token_logprobs_and_entropy,
-    value_loss,
+from ragen2.rl.filter_stage import filter_phase
+from ragen2.rl.grad_snr import grad_snr_probe, group_reward_variance
+from ragen2.rl.rollout_stage import (
+    agent_of,
+    agent_sampling,
+    backend_of,
+    derived_seed,
+    finite_sampling,
+    group_staleness,
+    push_weights,
+    rollout_phase,
+    save_training_samples,
+    staleness_metrics,
+    throughput_metrics,
 )
 from ragen2.rl.run import Run, setup
 from ragen2.rl.summary import summary_table
-from ragen2.serve.batcher import Sampling
-
-if TYPE_CHECKING:
-    from ragen2.serve.agent_loop import AgentRunner
+from ragen2.rl.update_stage import loss_agg, norm_tokens, update_phase
 
 log = logging.getLogger(__name__)
-
-# Loss aggregation each algorithm uses when `algo.loss_agg` is null (docs/algorithms.md).
-DEFAULT_LOSS_AGG = {
-    "ppo": "token-mean",
-    "grpo": "token-mean",
-    "drgrpo": "seq-mean-token-sum",
-    "dapo": "token-mean",
-    "rloo": "token-mean",
-    "reinforce_pp": "token-mean",
-    "reinforce_pp_baseline": "token-mean",
-    "gigpo": "token-mean",
-}
-
-# Outcome estimators: one advantage per trajectory from its return and its group's returns.
-OUTCOME_ADVANTAGES = {
-    "grpo": grpo_advantages,
-    "dapo": grpo_advantages,
-    "drgrpo": drgrpo_advantages,
-    "rloo": rloo_advantages,
-}
-
-# What groups episodes for reward normalisation (`algo.reward_norm_grouping`; RAGEN's group_id, tag, one batch).
-REWARD_NORM_GROUPING = {
-    "state": lambda t: t.group_id,
-    "inductive": lambda t: t.env_name,
-    "batch": lambda t: None,
-}
 
 
 def train(config: Config, resume_dir: Path | None = None) -> str:
@@ -325,124 +264,6 @@ def train_on_kept(
 # ----------------------------------------------------------------------------- phases
 
 
-def rollout_phase(
-    run: Run, step: int, num_groups: int | None = None, version: int | None = None,
-    newest_weights: Callable[[], int] | None = None,
-) -> tuple[list[Trajectory], dict[str, float]]:
-    """P x G episodes on training seeds; group g is G episodes of one environment seed.
-
-    Every episode samples from its own stream, seeded by (trainer.seed, step, its index in
-    the batch), so with several processes each rolls out its block of groups and the
-    gathered batch is the one a single process would have sampled. A rollout worker
-    (ragen2.rl.async_rollout) plays `num_groups` candidates instead of rollout.num_groups
-    (async.oversample) with weights of `version` (default: those the step's own update starts from), or
-    with partial rollouts (`newest_weights`, see `ragen2.agent.rollout.rollout`) with the newest weights at
-    each turn: an episode then counts as the version of its first turn.
-    """
-    cfg = run.config
-    P, G = num_groups or cfg.rollout.num_groups, cfg.rollout.group_size
-    base = derived_seed(cfg.trainer.seed, step, "env") % (EVAL_SEED_OFFSET - P)  # below the held-out seeds
-    seeds, group_ids = group_seeds(base, P, G)
-    sample_seeds = [derived_seed(cfg.trainer.seed, step, f"sample/{i}") for i in range(P * G)]
-    group_envs = per_group(training_envs(cfg, P))  # [P]: group g plays group_envs[g]
-    episode_envs = [group_envs[g] for g in group_ids]
-    groups = distributed.group_range(P)
-    mine = slice(groups.start * G, groups.stop * G)  # this rank's episodes, group-major
-    torch.manual_seed(derived_seed(cfg.trainer.seed, step, "rollout"))
-    stats = RolloutStats()
-    with _finite_sampling(run, step, "training rollouts"):
-        if cfg.agent.entrypoint:
-            sampling = agent_sampling(cfg, cfg.rollout.temperature)
-            trajectories = agent_of(run).play(seeds[mine], group_ids[mine], sample_seeds[mine], sampling, stats)
-        else:
-            trajectories = rollout(
-                backend_of(run), run.tokenizer, cfg.env.name, cfg.env.kwargs, seeds[mine], group_ids[mine],
-                cfg=cfg.rollout, stats=stats, sample_seeds=sample_seeds[mine], episode_envs=episode_envs[mine],
-                newest_weights=newest_weights,
-            )
-    fixed = step - 1 if version is None else version  # the steps whose updates made the weights
-    for t in trajectories:
-        if newest_weights is None:
-            for turn in t.turns:
-                turn.policy_version = fixed
-        t.policy_version = min((turn.policy_version for turn in t.turns), default=fixed)
-    trajectories = distributed.gather_objects(trajectories)  # all P x G, in group order, on every rank
-    metrics = rollout_metrics(trajectories) | turn_signal_metrics(trajectories, cfg.algo.gamma) | {
-        "timing_s/generate": stats.generate_s,
-    }
-    if is_mixture(cfg):
-        metrics |= tagged_metrics(rollout_metrics, trajectories, [t.tag for t in trajectories])
-    return trajectories, metrics
-
-
-def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
-    """`summarize`'s rates and means, and the spread of the episode returns."""
-    return summarize(trajectories) | {"rollout/return_std": float(np.std([t.episode_return for t in trajectories]))}
-
-
-def save_training_samples(run: Run, step: int, trajectories: list[Trajectory]) -> None:
-    """Every `logging.sample_every` steps rank 0 writes `logging.sample_trajectories` of the step's training
-    episodes, rewards included, to rollouts/train_step_N.jsonl.
-
-    They are taken one group at a time (episode 0 of each group, then episode 1, ...) so that a few samples
-    cover several inputs, as `ragen2 diagnose` needs. Nothing here draws a random number: the run trains
-    the same with or without it. Every rank holds the gathered batch, so no collective is needed.
-    """
-    every = run.config.logging.sample_every
-    if every == 0 or step % every or not distributed.is_main():
-        return
-    G = run.config.rollout.group_size
-    order = sorted(range(len(trajectories)), key=lambda i: (i % G, i // G))
-    picked = [trajectories[i] for i in order[: run.config.logging.sample_trajectories]]
-    write_rollout_records(run.run_dir / "rollouts" / f"train_step_{step}.jsonl", picked, run.tokenizer)
-
-
-def backend_of(run: Run) -> GenerationBackend:
-    """The run's rollout engine, made on first use."""
-    run.backend = run.backend or make_backend(run)
-    return run.backend
-
-
-def agent_of(run: Run) -> AgentRunner:
-    """`agent.entrypoint`'s endpoint and function, started on first use (closed when `train` returns)."""
-    from ragen2.serve.agent_loop import AgentRunner  # the web server's packages are the `agents` extra
-
-    run.agent = run.agent or AgentRunner(backend_of(run), run.tokenizer, run.config.rollout, run.config.agent)
-    return run.agent
-
-
-def agent_sampling(config: Config, temperature: float) -> Sampling:
-    """How an agent loop's calls sample: the run's settings at `temperature`, whatever the request asks, so the
-    recorded log-probs are of the distribution the update assumes."""
-    r = config.rollout
-    return Sampling(r.max_tokens_per_turn, temperature, r.top_p, r.top_k)
-
-
-def make_backend(run: Run) -> GenerationBackend:
-    """The engine of `rollout.backend`: `generate` on the policy itself, or a vLLM engine holding a copy of its weights.
-
-    Agent loops (`agent.entrypoint`) end a completion at the end-of-turn token only: their replies are chat
-    messages, not `<answer>` blocks.
-    """
-    r = run.config.rollout
-    if run.config.agent.entrypoint:
-        return HFBackend(run.policy, run.tokenizer, stop_strings=(), prefix_reuse=r.prefix_reuse)
-    if r.backend == "vllm":
-        return VLLMBackend(
-            run.policy, run.tokenizer, gpu_memory_utilization=r.vllm_gpu_memory_utilization, seed=run.config.trainer.seed
-        )
-    return HFBackend(run.policy, run.tokenizer, prefix_reuse=r.prefix_reuse)
-
-
-def push_weights(run: Run, step: int) -> None:
-    """After step `step`, a vLLM engine gets the new weights, so the next rollout samples the policy being
-    trained; with a rollout worker (async), they are sent to it as version `step`."""
-    if isinstance(run.backend, VLLMBackend):
-        run.backend.load_weights(run.policy)
-    if run.rollouts is not None:
-        run.rollouts.push(step)
-
-
 def diagnose_phase(
     run: Run, trajectories: list[Trajectory], step: int, prefixes: PrefixStore | None = None
 ) -> dict[str, float]:
@@ -453,197 +274,6 @@ def diagnose_phase(
     if result.alarm is not None:
         collapse_alarm(run, result.alarm)
     return result.metrics
-
-
-def filter_phase(run: Run, trajectories: list[Trajectory]) -> tuple[list[Trajectory], dict[str, float]]:
-    """SNR-aware filtering: keep whole groups, ranked by reward variance (or `filter.metric`), and with
-    `filter.trajectory_keep` < 1 only the most spread-out episodes of each (trajectory-level filtering);
-    with `filter.level=anchor`, GiGPO's anchor-state groups instead of prompt groups (`anchor_filter`)."""
-    f, G = run.config.filter, run.config.rollout.group_size
-    P = len(trajectories) // G  # rollout.num_groups, or more candidates with async.oversample
-    rewards = np.array([t.episode_return for t in trajectories]).reshape(P, G)  # [P, G], group-major
-    tags = [t.tag for t in trajectories[::G]]  # [P], each group's tag
-    metrics = {f"rollout/{k}": v for k, v in group_stats(rewards, f.ddof, f.zero_tol).items()}
-    if f.level == "anchor":
-        kept_trajectories, metrics["filter/kept_turn_ratio"] = anchor_filter(run, trajectories)
-        kept = {t.group_id for t in kept_trajectories}
-    else:
-        scores = _measured_scores(run, trajectories, f.metric)  # [P, G] for length / entropy, else None
-        rule = dict(strategy=f.strategy, value=f.value, metric=f.metric, include_zero=f.include_zero, ddof=f.ddof,
-                    order=f.order, selection_eps=f.selection_eps, zero_tol=f.zero_tol)
-        if f.scope == "tag":
-            kept_groups = select_groups_by_tag(rewards, tags, scores, **rule)
-        else:
-            kept_groups = select_groups(rewards, scores=scores, **rule)
-        kept = set(best_groups(kept_groups, group_scores(rewards, f.metric, f.ddof, scores), f.order,
-                               run.config.rollout.num_groups).tolist())
-        spread = select_trajectories(rewards, f.trajectory_keep).reshape(-1)  # [P*G]; all True at trajectory_keep=1
-        kept_trajectories = [t for t, keep in zip(trajectories, spread) if keep and t.group_id in kept and t.samples]
-    metrics |= {
-        "filter/kept_ratio": len(kept) / P,
-        "filter/kept_groups": float(len(kept)),
-        "filter/skipped": float(not kept),
-    }
-    if is_mixture(run.config):
-        metrics |= tagged_metrics(lambda ids: _group_metrics(rewards[ids], ids, kept, f), range(P), tags)
-    return kept_trajectories, metrics
-
-
-def best_groups(kept: np.ndarray, scores: np.ndarray, order: str, limit: int) -> np.ndarray:
-    """At most `limit` of the groups the filter `kept`, its best by `scores` (ties: the lower index),
-    ascending: with async.oversample the filter ranks more candidates than a step trains on."""
-    if len(kept) <= limit:
-        return kept
-    rank = np.argsort(-scores[kept] if order == "largest" else scores[kept], kind="stable")
-    return np.sort(kept[rank[:limit]])
-
-
-def throughput_metrics(candidates: int, kept: int, seconds: float) -> dict[str, float]:
-    """`async/`: groups per second of the step's wall time, every candidate (raw) and those the filter kept
-    (useful); with a rollout worker the step's time is the trainer's, generation overlapping it."""
-    return {"async/candidate_groups": float(candidates), "async/groups_per_s": candidates / seconds,
-            "async/kept_groups_per_s": kept / seconds}
-
-
-def staleness_metrics(kept: list[Trajectory], step: int) -> dict[str, float]:
-    """`async/`: how many updates old the policy that sampled each kept episode is when step `step` trains on
-    it (0 in the synchronous schedule): mean, max and the share at each staleness up to 4; and the share of
-    episodes whose turns came from more than one version (partial rollouts)."""
-    lag = np.array([staleness(t, step) for t in kept]) if kept else np.zeros(1)
-    mixed = [len({turn.policy_version for turn in t.turns}) > 1 for t in kept]
-    return {"async/staleness_mean": float(lag.mean()), "async/staleness_max": float(lag.max())} | {
-        f"async/staleness_frac_{k}": float((lag == k).mean()) for k in range(5)
-    } | {"async/mixed_version_frac": float(np.mean(mixed)) if mixed else 0.0}
-
-
-def staleness(trajectory: Trajectory, step: int) -> int:
-    """Updates between the policy that sampled `trajectory` and the one step `step` updates."""
-    return step - 1 - trajectory.policy_version
-
-
-def group_staleness(trajectories: list[Trajectory], step: int) -> dict[int, int]:
-    """Each group's staleness (group id -> updates): that of its stalest episode. A group is played by one
-    rollout with one version, so its episodes agree; were they mixed, it would count as its oldest."""
-    lag: dict[int, int] = {}
-    for t in trajectories:
-        lag[t.group_id] = max(lag.get(t.group_id, 0), staleness(t, step))
-    return lag
-
-
-def _group_metrics(rewards: np.ndarray, ids: list[int], kept: set[int], f: FilterConfig) -> dict[str, float]:
-    """One tag's reward-variance statistics and kept ratio; rewards [p, G] of its groups `ids`."""
-    stats = {f"rollout/{k}": v for k, v in group_stats(rewards, f.ddof, f.zero_tol).items()}
-    return stats | {"filter/kept_ratio": len(kept.intersection(ids)) / len(ids)}
-
-
-def anchor_filter(run: Run, trajectories: list[Trajectory]) -> tuple[list[Trajectory], float]:
-    """`filter.level=anchor`: the filter's rules over GiGPO's anchor-state groups (`select_anchor_turns`).
-
-    Returns every episode of each group that kept a turn, as copies whose `trained_turns` name the
-    kept turns (the others stay in for GiGPO's episode-level baseline, and train on nothing), and
-    the share of the batch's turns kept.
-    """
-    f, a = run.config.filter, run.config.algo
-    keep = select_anchor_turns(
-        [[turn.reward for turn in t.turns] for t in trajectories], [t.group_id for t in trajectories],
-        [[turn.observation for turn in t.turns] for t in trajectories], a.gamma, f.strategy, f.value, f.metric,
-        f.include_zero, f.ddof, f.order, selection_eps=f.selection_eps, zero_tol=f.zero_tol,
-    )
-    groups = {t.group_id for t, k in zip(trajectories, keep) if k.any()}
-    kept = [dataclasses.replace(t, trained_turns=k.tolist())
-            for t, k in zip(trajectories, keep) if t.group_id in groups and t.samples]
-    turns = sum(len(k) for k in keep)
-    return kept, sum(int(k.sum()) for k in keep) / turns if turns else 0.0
-
-
-def advantage_phase(run: Run, kept: list[Trajectory]) -> Batch:
-    """Pad the kept trajectories into a Batch and attach advantages (and PPO's value targets).
-
-    In RAGEN's order (docs/algorithms.md): returns normalised within their groups, the estimator,
-    soft reweighting by group std, length weighting, `algo.task_advantage_scale`.
-    """
-    a = run.config.algo
-    batch = build_batch(kept, run.tokenizer.pad_token_id).to(run.device)
-    if a.kl_in_reward:  # the policy that sampled the batch and the reference, for the KL in the reward
-        with torch.no_grad():
-            batch.old_logp = _in_micro_batches(lambda mb: _logprobs(run.policy, mb), batch, a.micro_batch_size)
-            batch.ref_logp = _in_micro_batches(lambda mb: _logprobs(run.reference, mb), batch, a.micro_batch_size)
-    # Per trajectory, not per sequence: with one sequence per turn, a long episode must
-    # not weigh more in its group's baseline.
-    returns = torch.tensor([t.episode_return for t in kept], device=run.device)  # [N]
-    groups = torch.tensor([t.group_id for t in kept], device=run.device)  # [N]
-    if a.reward_norm_method != "identity":
-        keys = [REWARD_NORM_GROUPING[a.reward_norm_grouping](t) for t in kept]
-        returns = normalize_returns(returns, keys, a.reward_norm_method)
-        batch.returns = returns[batch.traj_index]  # what the token-reward estimators read
-    if a.name == "ppo":
-        with torch.no_grad():
-            batch.old_values = _in_micro_batches(
-                lambda mb: critic_values(run.critic, mb.input_ids), batch, a.micro_batch_size,
-                lockstep=run.trainee is not None,  # with FSDP the critic is sharded too
-            )
-        token_rewards, values = _token_rewards(run, kept, batch), batch.old_values
-        if a.bi_level_gae:
-            advantages, batch.value_targets = bi_level_gae(token_rewards, values, batch.mask, a.gamma, a.lam,
-                                                           a.high_level_gamma)
-        else:
-            advantages, batch.value_targets = gae_advantages(token_rewards, values, batch.mask, a.gamma, a.lam)
-    elif a.name == "reinforce_pp":
-        advantages = reinforce_pp_advantages(_token_rewards(run, kept, batch), batch.mask, a.gamma)
-    elif a.name == "gigpo":  # one advantage per turn: anchor states are the observations each turn saw
-        per_turn = gigpo_advantages(
-            [[turn.reward for turn in t.turns] for t in kept], [t.group_id for t in kept],
-            [[turn.observation for turn in t.turns] for t in kept], gamma=a.gamma, step_weight=a.gigpo_step_weight,
-            mode=a.gigpo_mode, episode_stats=a.gigpo_episode_stats,
-        )
-        advantages = turn_values_to_tokens(per_turn, batch.traj_index, batch.mask)  # [B, T-1]
-    elif a.name == "reinforce_pp_baseline":
-        advantages = reinforce_pp_baseline_advantages(returns, groups, batch.mask, batch.traj_index)
-    else:
-        per_trajectory = OUTCOME_ADVANTAGES[a.name](returns, groups)  # [N]
-        advantages = broadcast_to_tokens(per_trajectory[batch.traj_index], batch.mask)  # [B, T-1]
-    if a.soft_advantage_reweight:
-        advantages = advantages * soft_reweight_weights(returns, groups)[batch.traj_index, None]
-    if a.grpo_advantage_length_weight:
-        advantages = length_weighted(advantages, batch.mask)
-    batch.advantages = a.task_advantage_scale * advantages
-    if any(t.trained_turns is not None for t in kept):
-        batch = kept_turns_only(kept, batch)
-    return batch
-
-
-def kept_turns_only(kept: list[Trajectory], batch: Batch) -> Batch:
-    """`filter.level=anchor`: the batch with the turns the filter dropped masked out, after the advantages
-    (their turns still counted in GiGPO's baselines), and without the rows left with no trained token."""
-    flags = [[float(k) for k in (t.trained_turns or [True] * len(t.turns))] for t in kept]
-    trained = turn_values_to_tokens(flags, batch.traj_index, batch.mask)  # [B, T-1], 1 on kept turns' tokens
-    batch.mask, batch.advantages = batch.mask * trained, batch.advantages * trained
-    return batch.select(batch.mask.any(dim=1).nonzero().squeeze(1))
-
-
-def _token_rewards(run: Run, kept: list[Trajectory], batch: Batch) -> torch.Tensor:
-    """[B, T-1]: each turn's reward on its last model token (algo.turn_rewards), else each row's return on its last;
-    with `algo.kl_in_reward`, minus beta x the KL to the reference on every model token."""
-    a = run.config.algo
-    if a.turn_rewards:
-        per_turn = [[turn.reward for turn in t.turns] for t in kept]
-        rewards = turn_values_to_tokens(per_turn, batch.traj_index, batch.mask) * turn_ends(batch.mask)
-    else:
-        rewards = place_terminal_reward(batch.returns, batch.mask)
-    if a.kl_in_reward:
-        rewards = kl_reward_penalty(rewards, batch.old_logp, batch.ref_logp, batch.mask, run.kl_ctrl.value,
-                                    a.kl_estimator)
-    return rewards
-
-
-def kl_control_phase(run: Run, batch: Batch) -> dict[str, float]:
-    """`algo.kl_in_reward`: log the beta this step's rewards used and the batch's mean KL, then let the
-    controller move beta for the next step (verl's `apply_kl_penalty` order)."""
-    a = run.config.algo
-    kl = mean_sequence_kl(batch.old_logp, batch.ref_logp, batch.mask, a.kl_estimator)
-    metrics = {"train/reward_kl": kl, "train/reward_kl_coef": run.kl_ctrl.value}
-    run.kl_ctrl.update(kl, len(batch))
-    return metrics
 
 
 def grad_snr_phase(run: Run, trajectories: list[Trajectory]) -> dict[str, float]:
@@ -662,190 +292,11 @@ def grad_snr_phase(run: Run, trajectories: list[Trajectory]) -> dict[str, float]
         kl_estimator=cfg.algo.kl_estimator,
         num_buckets=cfg.grad_snr.num_buckets,
         micro_batch_size=cfg.algo.micro_batch_size,
-        agg=_loss_agg(cfg),
-        norm_tokens=_norm_tokens(cfg),
+        agg=loss_agg(cfg),
+        norm_tokens=norm_tokens(cfg),
         kl_coef=cfg.algo.kl_coef,
         entropy_coef=cfg.algo.entropy_coef,
     )
-
-
-def update_phase(run: Run, batch: Batch, step: int, scale: float) -> dict[str, float]:
-    """`algo.ppo_epochs` passes over `batch` in shuffled mini-batches, one optimizer step each.
-
-    `scale` multiplies the actor loss (`filter.loss_scale`). Returns `train/...` metrics:
-    means over the optimizer steps, and the count of steps skipped for a non-finite value.
-    """
-    a, cfg = run.config.algo, run.config
-    correcting = a.rollout_is is not None or a.rollout_rs is not None
-    if correcting and batch.rollout_logp is None:
-        raise ConfigError("algo.rollout_is / algo.rollout_rs need the behaviour log-probs of every sampled token, "
-                          "and this rollout did not record them (a backend or agent loop without log-probs): set "
-                          "both to null")
-    # The policy before this update, the denominator of the PPO ratio. Until the first optimizer step
-    # nothing has changed, so the first mini-batch's own forward pass gives its rows' log-probs (detached,
-    # in `policy_step`, which makes their importance weights there too) and a pass before it gives only
-    # the other rows'; with one epoch of one mini-batch that pass is saved. Rejection (algo.rollout_rs)
-    # changes the mask, and with it the loss's token counts, before the loss: it needs every row's first.
-    order = torch.Generator().manual_seed(derived_seed(cfg.trainer.seed, step, "minibatch"))
-    epochs = [torch.randperm(len(batch), generator=order).to(run.device) for _ in range(a.ppo_epochs)]
-    own_first = batch.old_logp is None and a.rollout_rs is None
-    with torch.no_grad():
-        if batch.old_logp is None:
-            old_logp = _logprobs_of_rows(run.policy, batch, epochs[0][a.mini_batch_size:] if own_first else epochs[0],
-                                         a.micro_batch_size)
-            batch.old_logp = None if own_first else old_logp
-        if a.kl_coef > 0 and batch.ref_logp is None:  # algo.kl_in_reward computed it already
-            batch.ref_logp = _in_micro_batches(lambda mb: _logprobs(run.reference, mb), batch, a.micro_batch_size)
-        correction = off_policy_correction(run, batch) if correcting and batch.old_logp is not None else {}
-    factor = lr_factor(step, cfg.optim.warmup_steps, cfg.optim.schedule, cfg.trainer.total_steps)
-    _set_lr(run.optimizer, cfg.optim.lr * factor)
-    if run.critic_optimizer is not None:
-        _set_lr(run.critic_optimizer, a.critic_lr * factor)
-    history: dict[str, list[float]] = defaultdict(list)
-    for permutation in epochs:
-        for rows in permutation.split(a.mini_batch_size):
-            mini = batch.select(rows)
-            stats = policy_step(run, mini, scale)
-            if batch.old_logp is None:  # the first mini-batch: its log-probs complete the old ones
-                with torch.no_grad():
-                    old_logp[rows, : mini.old_logp.shape[1]] = mini.old_logp
-                    batch.old_logp = old_logp
-                    if correcting:
-                        correction = off_policy_correction(run, batch)
-            if run.critic is not None:
-                critic_stats = critic_step(run, mini)
-                stats["value_loss"] = critic_stats["value_loss"]
-                stats["skipped_nonfinite"] += critic_stats["skipped_nonfinite"]
-            for key, value in stats.items():
-                history[key].append(value)
-    skipped = sum(history.pop("skipped_nonfinite"))
-    if skipped:
-        run.tracker.log_event(
-            "skipped_nonfinite", f"{skipped:.0f} optimizer step(s) skipped: loss or gradient not finite", step
-        )
-    if run.trainee is not None:
-        fsdp.sync_replica(run.trainee, run.policy)
-    metrics = {f"train/{key}": _finite_mean(values) for key, values in history.items()} | correction
-    return metrics | {"train/lr": cfg.optim.lr * factor, "train/skipped_nonfinite": float(skipped)}
-
-
-def off_policy_correction(run: Run, batch: Batch) -> dict[str, float]:
-    """`algo.rollout_is` / `algo.rollout_rs`: importance weights and rejection of the batch, from the policy
-    before this update against the behaviour log-probs recorded at sampling (verl's order: once per step,
-    before the mini-batches). Sets `batch.is_weights` and narrows `batch.mask`; returns `rollout_corr/...`."""
-    a = run.config.algo
-    weights, mask = rollout_correction(
-        batch.old_logp, batch.rollout_logp, batch.mask, a.rollout_is, a.rollout_is_threshold, a.rollout_rs,
-        a.rollout_rs_threshold, a.rollout_rs_threshold_lower,
-    )
-    valid = batch.mask.bool()
-    tokens = valid.sum().clamp_min(1)
-    metrics = {
-        "rollout_corr/kl": float((batch.rollout_logp - batch.old_logp)[valid].sum() / tokens),
-        "rollout_corr/rejected_frac": float((batch.mask - mask).sum() / tokens),
-    }
-    if weights is not None:
-        metrics |= {
-            "rollout_corr/is_weight_mean": float(weights[valid].sum() / tokens),
-            "rollout_corr/is_weight_max": float(weights[valid].max()) if valid.any() else 0.0,
-            "rollout_corr/is_truncated_frac": float((weights[valid] >= a.rollout_is_threshold).sum() / tokens),
-        }
-    batch.mask, batch.is_weights = mask, weights
-    return metrics
-
-
-def policy_step(run: Run, mini: Batch, scale: float) -> dict[str, float]:
-    """One actor optimizer step on a mini-batch, accumulating gradients over micro-batches.
-
-    Every micro-batch loss is normalised by the *mini-batch's* token and sequence counts, so
-    the accumulated gradient is that of the whole mini-batch's aggregated loss, not a mean of
-    per-micro-batch means. With several processes each computes its rows of the mini-batch
-    (`distributed.my_rows`) and the gradients and statistics are summed over processes, which
-    by the same normalisation gives the whole mini-batch's (with FSDP, the sharded model sums
-    them itself, and ranks with fewer rows run passes that add nothing, to keep in lockstep).
-    A non-finite loss or gradient norm skips the step: gradients are dropped and the weights
-    and optimizer state stay as they were. Without `mini.old_logp` (an update's first mini-batch, see
-    `update_phase`) the step's own log-probs, detached, are the policy before it: their importance
-    weights (algo.rollout_is) are made here, and they are left in `mini.old_logp`, on every process,
-    for the later mini-batches and the weights' metrics.
-    """
-    a = run.config.algo
-    model = run.trainee or run.policy
-    agg, norm = _loss_agg(run.config), _norm_tokens(run.config)
-    counts = {"batch_tokens": mini.mask.sum(), "batch_seqs": (mini.mask.sum(dim=1) > 0).sum()}
-    tokens = counts["batch_tokens"].clamp_min(1)
-    totals: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), device=run.device))
-    run.optimizer.zero_grad(set_to_none=True)
-    micro_batches = distributed.my_rows(mini.attention_mask.sum(dim=1), a.micro_batch_size)
-    grad_scale = fsdp.gradient_scale() if run.trainee is not None else 1.0
-    own_logp = torch.zeros_like(mini.mask) if mini.old_logp is None else None
-    for rows in micro_batches:
-        mb = mini.select(rows)
-        logits, start = response_logits(model, mb)  # [b, t-1-start, V]
-        # Log-probs and full-vocabulary entropy [b, t-1], in one pass whose backward keeps only the logits.
-        logp, entropy = (F.pad(x, (start, 0)) for x in token_logprobs_and_entropy(logits, mb.targets[:, start:]))
-        old_logp, weights = mb.old_logp, mb.is_weights
-        if own_logp is not None:
-            old_logp = logp.detach()
-            own_logp[rows, : old_logp.shape[1]] = old_logp
-            if a.rollout_is is not None:
-                weights, _ = rollout_correction(old_logp, mb.rollout_logp, mb.mask, a.rollout_is,
-                                                a.rollout_is_threshold)
-        pg_loss, pg_stats = policy_loss(
-            logp, old_logp, mb.advantages, mb.mask, a.clip_low, a.clip_high, agg, a.clip_ratio_c,
-            norm_tokens=norm, weights=weights, **counts,
-        )
-        loss = pg_loss
-        if a.entropy_coef:  # without a bonus the entropy is only logged, and backward skips its gradient
-            loss = loss - a.entropy_coef * aggregate(entropy, mb.mask, agg, norm, **counts)
-        if a.kl_coef > 0:
-            kl = kl_penalty(logp, mb.ref_logp, a.kl_estimator)  # [b, t-1]
-            loss = loss + a.kl_coef * aggregate(kl, mb.mask, agg, norm, **counts)
-            totals["kl"] += (kl.detach() * mb.mask).sum() / tokens
-        (scale * grad_scale * loss).backward()
-        share = mb.mask.sum() / tokens  # this micro-batch's part of the mini-batch's tokens
-        totals["loss"] += loss.detach()
-        totals["policy_loss"] += pg_loss.detach()
-        totals["entropy"] += (entropy.detach() * mb.mask).sum() / tokens
-        totals["clipfrac"] += pg_stats["clipfrac"] * share
-        totals["approx_kl"] += pg_stats["approx_kl"] * share
-        totals["dual_clipfrac"] += pg_stats["dual_clipfrac"] * share
-    if run.trainee is not None:
-        _pad_to_lockstep(mini, a.micro_batch_size, len(micro_batches), lambda mb: response_logits(model, mb)[0],
-                         backward=True)
-    totals = _sum_over_ranks(totals, ["loss", "policy_loss", "entropy", "clipfrac", "dual_clipfrac", "approx_kl"]
-                             + (["kl"] if a.kl_coef > 0 else []))
-    if run.trainee is None:
-        distributed.all_reduce_grads(_trainable(run.optimizer))
-    if own_logp is not None:
-        mini.old_logp = distributed.all_reduce_sum(own_logp)
-    grad_norm = _clip_and_step(run.optimizer, totals.pop("loss"), run.config.optim.grad_clip)
-    return {key: value.item() for key, value in totals.items()} | grad_norm
-
-
-def critic_step(run: Run, mini: Batch) -> dict[str, float]:
-    """One critic optimizer step (PPO) on the mini-batch: clipped value regression onto the GAE returns."""
-    a = run.config.algo
-    counts = {"batch_tokens": mini.mask.sum(), "batch_seqs": (mini.mask.sum(dim=1) > 0).sum()}
-    total = torch.zeros((), device=run.device)
-    sharded = run.trainee is not None
-    grad_scale = fsdp.gradient_scale() if sharded else 1.0
-    run.critic_optimizer.zero_grad(set_to_none=True)
-    micro_batches = distributed.my_rows(mini.attention_mask.sum(dim=1), a.micro_batch_size)
-    for rows in micro_batches:
-        mb = mini.select(rows)
-        values = critic_values(run.critic, mb.input_ids)  # [b, t-1]
-        loss, _ = value_loss(values, mb.old_values, mb.value_targets, mb.mask, a.value_clip, "token-mean", **counts)
-        (grad_scale * loss).backward()
-        total += loss.detach()
-    if sharded:
-        _pad_to_lockstep(mini, a.micro_batch_size, len(micro_batches),
-                         lambda mb: critic_values(run.critic, mb.input_ids), backward=True)
-    distributed.all_reduce_sum(total)
-    if not sharded:
-        distributed.all_reduce_grads(_trainable(run.critic_optimizer))
-    result = _clip_and_step(run.critic_optimizer, total, run.config.optim.grad_clip)
-    return {"value_loss": total.item(), "skipped_nonfinite": result["skipped_nonfinite"]}
 
 
 def evaluate_phase(run: Run, step: int) -> dict[str, float]:
@@ -861,7 +312,7 @@ def _evaluate(run: Run, step: int) -> dict[str, float]:
     cfg = run.config
     torch.manual_seed(derived_seed(cfg.trainer.seed, step, "evaluate"))
     rollout_cfg = dataclasses.replace(cfg.rollout, temperature=cfg.trainer.eval_temperature)
-    with _finite_sampling(run, step, "evaluation episodes"):
+    with finite_sampling(run, step, "evaluation episodes"):
         if cfg.agent.entrypoint:
             metrics, trajectories = evaluate_agent(
                 agent_of(run), cfg.trainer.eval_episodes, agent_sampling(cfg, cfg.trainer.eval_temperature),
@@ -999,155 +450,6 @@ def on_interrupt(run: Run) -> None:
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def derived_seed(seed: int, step: int, purpose: str) -> int:
-    """A 63-bit seed that depends only on (seed, step, purpose).
-
-    Reseeding every step from this, rather than letting one RNG stream run through the
-    whole training, is what makes a resumed run sample exactly like an uninterrupted one.
-    """
-    return stable_seed(seed, step, purpose)
-
-
-def lr_factor(step: int, warmup_steps: int, schedule: str, total_steps: int) -> float:
-    """Multiplier of the base learning rate at RL step `step` (1-based).
-
-    Linear warm-up over the first `warmup_steps` steps, then constant, or a linear or cosine
-    decay that would reach 0 one step after `total_steps` (so the last step still learns).
-    """
-    if step <= warmup_steps:
-        return step / warmup_steps
-    progress = (step - warmup_steps - 1) / max(1, total_steps - warmup_steps)  # in [0, 1)
-    if schedule == "linear":
-        return 1.0 - progress
-    if schedule == "cosine":
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
-    return 1.0
-
-
-def _logprobs(model: torch.nn.Module, mb: Batch) -> torch.Tensor:
-    logits, start = response_logits(model, mb)  # [b, t-1-start, V]
-    return F.pad(token_logprobs(logits, mb.targets[:, start:]), (start, 0))  # [b, t-1]
-
-
-def _logprobs_of_rows(model: torch.nn.Module, batch: Batch, rows: torch.Tensor, size: int) -> torch.Tensor:
-    """`model`'s log-probs [B, T-1] of `batch`'s `rows`, zeros in the others (no forward pass for no rows)."""
-    out = torch.zeros_like(batch.mask)
-    if len(rows):
-        part = _in_micro_batches(lambda mb: _logprobs(model, mb), batch.select(rows), size)
-        out[rows, : part.shape[1]] = part
-    return out
-
-
-def _in_micro_batches(fn, batch: Batch, size: int, lockstep: bool = False) -> torch.Tensor:
-    """Run `fn(micro_batch) -> [b, t-1]` over `batch` and reassemble the full [B, T-1] result.
-
-    With several processes each runs `fn` on its rows only; the zeros elsewhere make the sum
-    over processes the full result, on every process. `lockstep` (an FSDP-sharded model) pads
-    each rank to the same number of calls, with results thrown away.
-    """
-    out = torch.zeros(batch.mask.shape, dtype=torch.float32, device=batch.mask.device)
-    micro_batches = distributed.my_rows(batch.attention_mask.sum(dim=1), size)
-    for rows in micro_batches:
-        piece = fn(batch.select(rows))
-        out[rows, : piece.shape[1]] = piece.float()
-    if lockstep:
-        _pad_to_lockstep(batch, size, len(micro_batches), fn, backward=False)
-    return distributed.all_reduce_sum(out)
-
-
-def _pad_to_lockstep(batch: Batch, size: int, done: int, fn, backward: bool) -> None:
-    """FSDP: after `done` micro-batches of `batch`, run `fn` on its first row until this rank has made
-    as many passes as the busiest one, so every rank joins the same gathers and gradient reductions.
-    The results are thrown away; with `backward` their gradient is multiplied by 0."""
-    for _ in range(fsdp.lockstep_passes(len(batch), size, done)):
-        out = fn(batch.select(torch.arange(1, device=batch.mask.device)))
-        if backward:
-            (0.0 * out.sum()).backward()
-
-
-def _measured_scores(run: Run, trajectories: list[Trajectory], metric: str) -> np.ndarray | None:
-    """Per-episode scores [P, G] for the filter metrics the returns do not contain."""
-    G = run.config.rollout.group_size
-    P = len(trajectories) // G
-    if metric == "length":
-        return np.array([sum(len(t.response_ids) for t in traj.turns) for traj in trajectories], float).reshape(P, G)
-    if metric not in ("entropy", "entropy_variance", "entropy_std"):
-        return None
-    present = [i for i, t in enumerate(trajectories) if t.samples]  # episodes whose env did not fail at reset
-    batch = build_batch([trajectories[i] for i in present], run.tokenizer.pad_token_id).to(run.device)
-
-    def entropy(mb: Batch) -> torch.Tensor:
-        logits, start = response_logits(run.policy, mb)
-        return F.pad(entropy_from_logits(logits), (start, 0))
-
-    with torch.no_grad():
-        token_entropy = _in_micro_batches(entropy, batch, run.config.algo.micro_batch_size)  # [B, T-1]
-    sums = torch.zeros(len(present), device=run.device).index_add_(0, batch.traj_index, (token_entropy * batch.mask).sum(1))
-    counts = torch.zeros(len(present), device=run.device).index_add_(0, batch.traj_index, batch.mask.sum(1))
-    scores = np.zeros(len(trajectories))
-    scores[present] = (sums / counts.clamp_min(1)).cpu().numpy()  # mean token entropy of each episode
-    return scores.reshape(P, G)
-
-
-def _loss_agg(config: Config) -> str:
-    return config.algo.loss_agg or DEFAULT_LOSS_AGG[config.algo.name]
-
-
-def _norm_tokens(config: Config) -> float | None:
-    """Dr.GRPO's constant divisor for seq-mean-token-sum: the generation budget of one sequence."""
-    if _loss_agg(config) != "seq-mean-token-sum":
-        return None
-    r = config.rollout
-    return float(r.max_tokens_per_turn * (r.max_turns if r.context_turns is None else 1))
-
-
-def _sum_over_ranks(totals: dict[str, torch.Tensor], keys: list[str]) -> dict[str, torch.Tensor]:
-    """`totals[key]` summed over processes, for `keys` (a rank without rows has none of them yet)."""
-    summed = distributed.all_reduce_sum(torch.stack([totals[key] for key in keys]))  # [K]
-    return dict(zip(keys, summed))
-
-
-def _trainable(optimizer: torch.optim.Optimizer) -> list[torch.nn.Parameter]:
-    return [p for group in optimizer.param_groups for p in group["params"]]
-
-
-def _clip_and_step(optimizer: torch.optim.Optimizer, loss: torch.Tensor, max_norm: float) -> dict[str, float]:
-    """Clip the gradient norm and step, or drop the gradients when the loss or norm is not finite."""
-    params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-    norm = fsdp.grad_norm_value(torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf")))
-    if not (torch.isfinite(loss) and torch.isfinite(norm)):
-        optimizer.zero_grad(set_to_none=True)
-        return {"grad_norm": float("nan"), "skipped_nonfinite": 1.0}
-    optimizer.step()
-    return {"grad_norm": norm.item(), "skipped_nonfinite": 0.0}
-
-
-@contextlib.contextmanager
-def _finite_sampling(run: Run, step: int, what: str) -> Iterator[None]:
-    """torch's sampling error on NaN / inf probabilities, as one line naming the cause and the fix."""
-    try:
-        yield
-    except RuntimeError as e:
-        if "probability tensor contains" not in str(e):
-            raise
-        o = run.config.optim
-        raise DivergedError(
-            f"step {step}: the policy's next-token probabilities are NaN or infinite while sampling {what}: its "
-            f"weights diverged (optim.lr={o.lr:g}, optim.grad_clip={o.grad_clip:g}); start again with a lower "
-            "optim.lr (events.jsonl lists the steps skipped for a non-finite loss or gradient)"
-        ) from e
-
-
-def _set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-
-
-def _finite_mean(values: list[float]) -> float:
-    finite = [v for v in values if math.isfinite(v)]
-    return float(np.mean(finite)) if finite else float("nan")
 
 
 def _peak_memory_mb(device: torch.device) -> float:

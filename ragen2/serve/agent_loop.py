@@ -33,7 +33,7 @@ from ragen2.config import AgentConfig, RolloutConfig
 from ragen2.errors import Ragen2Error
 from ragen2.serve.batcher import Batcher, Sampling
 from ragen2.serve.endpoint import ChatService, Endpoint, Limits
-from ragen2.serve.entrypoint import agent_name, load_entrypoint
+from ragen2.entrypoint import agent_name, load_entrypoint
 from ragen2.serve.traces import Episode, episode_trajectory
 
 class AgentRunner:

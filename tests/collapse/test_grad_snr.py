@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ragen2.agent.types import Trajectory
-from ragen2.collapse.grad_snr import grad_snr_probe, group_reward_variance, rv_buckets
+from ragen2.rl.grad_snr import grad_snr_probe, group_reward_variance, rv_buckets
 from ragen2.rl.advantages import broadcast_to_tokens, grpo_advantages
 from ragen2.rl.batch import Batch, build_batch
 from ragen2.rl.losses import aggregate, token_logprobs
@@ -150,7 +150,8 @@ def test_terms_selects_what_is_measured(setup):
 def test_probe_on_the_trainers_own_batch(tiny_tokenizer, tiny_model, tmp_path, one_thread):
     """The call the trainer makes: its rollout and advantage phases on every group, then the probe."""
     from ragen2.config import load_config
-    from ragen2.rl import trainer
+    from ragen2.rl import advantage_stage, rollout_stage
+    from ragen2.rl.run import setup
 
     tiny_model.save_pretrained(tmp_path / "policy")
     tiny_tokenizer.save_pretrained(tmp_path / "policy")
@@ -159,12 +160,12 @@ def test_probe_on_the_trainers_own_batch(tiny_tokenizer, tiny_model, tmp_path, o
         "rollout.num_groups=3", "rollout.group_size=4", "rollout.max_tokens_per_turn=8", "algo.kl_coef=0.01",
         "logging.progress=false", "logging.tensorboard=false",
     ])
-    run = trainer.setup(config)
+    run = setup(config)
     with run.tracker:
-        trajectories, _ = trainer.rollout_phase(run, 1)
+        trajectories, _ = rollout_stage.rollout_phase(run, 1)
         for i, traj in enumerate(trajectories):  # group 0 all equal, groups 1 and 2 varied
             traj.episode_return = 0.0 if traj.group_id == 0 else float(i % 2 + traj.group_id)
-        batch = trainer.advantage_phase(run, [t for t in trajectories if t.samples])
+        batch = advantage_stage.advantage_phase(run, [t for t in trajectories if t.samples])
         out = grad_snr_probe(run.policy, batch, group_reward_variance(trajectories), reference=run.reference,
                              num_buckets=3, micro_batch_size=config.algo.micro_batch_size)
     assert [out[f"grad_snr/bucket{i}/num_groups"] for i in range(3)] == [1.0, 1.0, 1.0]

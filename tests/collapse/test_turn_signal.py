@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ragen2.agent.types import Trajectory, Turn
-from ragen2.collapse.turn_signal import turn_signal_metrics
+from ragen2.rl.turn_signal import turn_signal_metrics
 
 
 def _turn(reward: float, observation: str) -> Turn:

@@ -22,10 +22,11 @@ datasets = pytest.importorskip("datasets")
 from trl import GRPOTrainer  # noqa: E402
 
 from ragen2.agent.types import Trajectory  # noqa: E402
-from ragen2.collapse.offline import diagnose_cli, read_rollouts, split_completion  # noqa: E402
+from ragen2.collapse.offline import diagnose_cli  # noqa: E402
+from ragen2.collapse.rollout_files import read_rollouts, split_completion  # noqa: E402
 from ragen2.config import RolloutConfig, load_config  # noqa: E402
 from ragen2.errors import ConfigError  # noqa: E402
-from ragen2.filtering import select_groups  # noqa: E402
+from ragen2.filtering import FilterRule, select_groups  # noqa: E402
 from ragen2.integrations.trl import (  # noqa: E402
     EnvRollout,
     Ragen2GRPOConfig,
@@ -36,7 +37,7 @@ from ragen2.integrations.trl import (  # noqa: E402
     process_keep_mask,
     select_reward_variance_groups,
 )
-from ragen2.rl.trainer import filter_phase  # noqa: E402
+from ragen2.rl.filter_stage import filter_phase  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 P, G = 4, 4  # prompts x generations per step
@@ -96,7 +97,7 @@ def test_exactly_the_selected_groups_keep_advantages_and_loss_mask(trl_run):
     assert len(trl_run.trainer.batches) == 2  # one generation batch per optimizer step
     for batch in trl_run.trainer.batches:
         rewards = batch["rewards_per_func"].numpy()[:, 0].reshape(P, G)  # one reward function, weight 1
-        expected = select_groups(rewards, "top_p", 0.9, include_zero=False)
+        expected = select_groups(rewards, FilterRule("top_p", 0.9, include_zero=False))
         np.testing.assert_array_equal(batch["selection"].kept_groups, expected)
         assert 0 not in expected and expected.size > 0  # A has zero variance: always dropped
         kept_rows = np.repeat(np.isin(np.arange(P), expected), G)  # [16], one process holds the whole batch
@@ -209,7 +210,7 @@ def test_each_process_slices_the_global_selection(world_size):
     rewards = rng.integers(0, 3, size=(num_groups, num_gen)).astype(float)
     rewards[2] = 1.0  # a zero-variance group, never kept
     kept = select_reward_variance_groups(rewards, "top_p", 0.9)
-    np.testing.assert_array_equal(kept, select_groups(rewards, "top_p", 0.9, include_zero=False))
+    np.testing.assert_array_equal(kept, select_groups(rewards, FilterRule("top_p", 0.9, include_zero=False)))
     num_local = num_groups * num_gen // world_size
     masks = [process_keep_mask(kept, num_groups, num_gen, rank, num_local) for rank in range(world_size)]
     rows = np.concatenate(masks)
@@ -225,7 +226,7 @@ def test_top_k_keeps_a_count_and_matches_ragen2_top_k_fraction():
     assert select_reward_variance_groups(rewards, "top_k", top_k=10).tolist() == [0, 2, 3]  # all 3 candidates
     # ragen2's top_k with value 2/5 of the 5 groups is the same choice
     np.testing.assert_array_equal(select_reward_variance_groups(rewards, "top_k", top_k=2),
-                                  select_groups(rewards, "top_k", 2 / 5, include_zero=False))
+                                  select_groups(rewards, FilterRule("top_k", 2 / 5, include_zero=False)))
     assert select_reward_variance_groups(rewards, "top_k", top_k=4, include_zero=True).tolist() == [0, 1, 2, 3]
     assert select_reward_variance_groups(np.ones((3, 4)), "top_k", top_k=2).size == 0
 
@@ -348,7 +349,7 @@ def test_two_processes_select_on_gathered_rewards_and_mask_their_slice(tmp_path)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     rewards = np.array(ranks[0]["rewards"])  # [3, 4], gathered over both ranks
     assert ranks[1]["rewards"] == ranks[0]["rewards"]
-    expected = select_groups(rewards, "top_p", 1.0, include_zero=False)
+    expected = select_groups(rewards, FilterRule("top_p", 1.0, include_zero=False))
     assert 0 not in expected and 1 in expected  # A is constant; B, the group on both ranks, varies most
     assert all(r["kept_groups"] == expected.tolist() for r in ranks)
     keep = np.concatenate([r["keep"] for r in ranks])  # rank 0 holds rows 0-5, rank 1 rows 6-11

@@ -20,6 +20,7 @@ from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories  
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict  # noqa: E402
 
 from ragen2.errors import ConfigError  # noqa: E402
+from ragen2.filtering import FilterRule  # noqa: E402
 from ragen2.integrations.verl import SNRReplayBuffer, SNRReplayBufferAsync  # noqa: E402
 
 EOS = 2
@@ -88,9 +89,8 @@ def grpo_advantages(store, keys: list[str]) -> dict[str, float]:
 def test_config_selects_the_plugin():
     buffer = build_buffer(value=0.8)
     assert type(buffer) is SNRReplayBuffer
-    assert buffer.filter_options == {"strategy": "top_p", "value": 0.8, "metric": "reward_variance",
-                                     "include_zero": False, "ddof": 1, "order": "largest",
-                                     "selection_eps": 0.01, "zero_tol": 1e-10}
+    assert buffer.filter_rule == FilterRule(strategy="top_p", value=0.8, metric="reward_variance", include_zero=False,
+                                            ddof=1, order="largest", selection_eps=0.01, zero_tol=1e-10)
 
 
 def test_sampler_drops_the_low_variance_groups_and_the_batch_stays_valid(fake_tq):

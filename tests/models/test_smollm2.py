@@ -26,7 +26,8 @@ from ragen2.envs import make
 from ragen2.errors import ConfigError
 from ragen2.models import gguf
 from ragen2.models.loading import check_model_dir, check_model_path, load_policy, resolve_model_path
-from ragen2.rl import trainer
+from ragen2.rl import advantage_stage, rollout_stage, trainer, update_stage
+from ragen2.rl.run import setup
 
 # One thread: on 2 cores shared with other jobs, torch's threads spin-wait and generation ran 7x slower.
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -223,11 +224,11 @@ def test_a_lora_rl_step_changes_only_the_adapters_and_the_checkpoint_loads_with_
         "trainer.eval_every=0", "algo.mini_batch_size=2", "algo.micro_batch_size=2", "optim.lr=1e-3",
         "filter.include_zero=true", "logging.progress=false", "logging.tensorboard=false",
     ])
-    run = trainer.setup(config)
+    run = setup(config)
     before = {name: p.detach().clone() for name, p in run.policy.named_parameters()}
-    trajectories, _ = trainer.rollout_phase(run, 1)
+    trajectories, _ = rollout_stage.rollout_phase(run, 1)
     trajectories[0].episode_return, trajectories[1].episode_return = 1.0, 0.0  # a group with signal
-    trainer.update_phase(run, trainer.advantage_phase(run, trajectories), step=1, scale=1.0)
+    update_stage.update_phase(run, advantage_stage.advantage_phase(run, trajectories), step=1, scale=1.0)
     changed = {name for name, p in run.policy.named_parameters() if not torch.equal(p, before[name])}
     # LoRA's B starts at zero, so the first step moves every B and leaves A's gradient zero; nothing else moves.
     assert changed and changed == {name for name in before if "lora_B" in name}

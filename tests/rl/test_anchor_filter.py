@@ -11,9 +11,9 @@ from ragen2.agent.types import Trajectory, Turn
 from ragen2.cli import main
 from ragen2.config import load_config
 from ragen2.errors import ConfigError
-from ragen2.filtering import STRATEGIES, select_anchor_turns, select_groups
+from ragen2.filtering import STRATEGIES, FilterRule, select_groups
 from ragen2.rl import trainer
-from ragen2.rl.advantages import gigpo_advantages
+from ragen2.rl.gigpo import gigpo_advantages, select_anchor_turns
 from ragen2.tracking import read_metrics
 
 
@@ -30,8 +30,8 @@ GROUPS = [0, 0, 0, 0, 1, 1]
 ANCHORS = [["S0", "S1"], ["S0", "S1"], ["S0", "S2"], ["S0"], ["T0", "T1"], ["T0", "T2"]]
 
 
-def keep(**kwargs) -> list[list[bool]]:
-    return [k.tolist() for k in select_anchor_turns(REWARDS, GROUPS, ANCHORS, **kwargs)]
+def keep(gamma: float = 1.0, **rule) -> list[list[bool]]:
+    return [k.tolist() for k in select_anchor_turns(REWARDS, GROUPS, ANCHORS, FilterRule(**rule), gamma)]
 
 
 def test_hand_computed_selections():
@@ -65,18 +65,18 @@ def test_one_turn_episodes_select_what_the_prompt_level_selects():
         strategy = sorted(STRATEGIES.names())[case % len(STRATEGIES.names())]
         value = {"quartile": 1 + case % 4, "top_k_abs": 1 + case % 3}.get(strategy, float(rng.uniform(0.05, 1)))
         metric = ["reward_variance", "reward_std"][case % 2]
-        kw = dict(strategy=strategy, value=value, metric=metric, include_zero=bool(case % 3),
+        rule = FilterRule(strategy=strategy, value=value, metric=metric, include_zero=bool(case % 3),
                   order="smallest" if case % 5 == 0 else "largest")
-        groups = select_groups(rewards, **kw)
+        groups = select_groups(rewards, rule)
         turns = select_anchor_turns([[r] for r in rewards.reshape(-1)], np.repeat(np.arange(P), G).tolist(),
-                                    [["start"]] * (P * G), **kw)
+                                    [["start"]] * (P * G), rule)
         kept = sorted({i // G for i, k in enumerate(turns) if k[0]})
-        assert kept == groups.tolist(), f"case {case}: {kw}"
+        assert kept == groups.tolist(), f"case {case}: {rule}"
 
 
 def test_bad_arguments_are_refused():
     with pytest.raises(ConfigError, match="anchor filter metric"):
-        select_anchor_turns(REWARDS, GROUPS, ANCHORS, metric="length")
+        select_anchor_turns(REWARDS, GROUPS, ANCHORS, FilterRule(metric="length"))
     with pytest.raises(ConfigError, match="episode 0 has 2 step rewards but 1 anchors"):
         select_anchor_turns(REWARDS, GROUPS, [["S0"]] + ANCHORS[1:])
 

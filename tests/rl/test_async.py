@@ -21,7 +21,8 @@ import torch
 from ragen2.config import config_from_file, load_config
 from ragen2.errors import ConfigError, RolloutWorkerError
 from ragen2.filtering import group_scores
-from ragen2.rl import trainer
+from ragen2.rl import filter_stage, forward, rollout_stage, trainer
+from ragen2.rl.run import setup
 from ragen2.rl.async_rollout import LocalWorker, launched_roles, rollout_worker, trainable
 from ragen2.rl.batch import build_batch
 from ragen2.rl.checkpoint import latest_step
@@ -86,24 +87,24 @@ def test_staleness_zero_is_the_synchronous_run(policy_dir, tmp_path):
 
 
 def test_samples_record_the_policy_version_that_drew_them(policy_dir, tmp_path):
-    run = trainer.setup(tiny(policy_dir, tmp_path / "run"))
+    run = setup(tiny(policy_dir, tmp_path / "run"))
     for step in (1, 4):
-        trajectories, _ = trainer.rollout_phase(run, step)
+        trajectories, _ = rollout_stage.rollout_phase(run, step)
         assert {t.policy_version for t in trajectories} == {step - 1}
     mixed = trajectories[:3] + [trainer.dataclasses.replace(trajectories[3], policy_version=1)]  # group 0
-    metrics = trainer.staleness_metrics(mixed, 4)
+    metrics = rollout_stage.staleness_metrics(mixed, 4)
     assert metrics["async/staleness_mean"] == pytest.approx(0.5) and metrics["async/staleness_max"] == 2.0
     assert (metrics["async/staleness_frac_0"], metrics["async/staleness_frac_2"]) == (0.75, 0.25)
     # The MI split by staleness counts a group at its stalest episode.
-    assert trainer.group_staleness(mixed + trajectories[4:], 4) == {0: 2, 1: 0}
-    assert trainer.group_staleness(trajectories, 6) == {0: 2, 1: 2}
+    assert rollout_stage.group_staleness(mixed + trajectories[4:], 4) == {0: 2, 1: 0}
+    assert rollout_stage.group_staleness(trajectories, 6) == {0: 2, 1: 2}
     run.tracker.close()
 
 
 def test_the_async_section_round_trips_and_refuses_what_does_not_run(policy_dir, tmp_path):
     config = tiny(policy_dir, tmp_path / "run", "async.enable=true", "async.max_staleness=0")
     assert config.async_.enable and config.async_.max_staleness == 0 and config.algo.rollout_is is None
-    trainer.setup(config).tracker.close()
+    setup(config).tracker.close()
     assert config_from_file(tmp_path / "run" / "config.yaml").async_ == config.async_
     assert "async:\n  enable: true" in (tmp_path / "run" / "config.yaml").read_text()
     # Above staleness 0 token-level TIS is the default, unless the user sets algo.rollout_is, null included.
@@ -197,7 +198,7 @@ def test_local_workers_share_the_step_between_them(policy_dir, tmp_path, worker_
 def test_the_worker_samples_with_the_weights_it_was_sent(policy_dir, tmp_path):
     """Groups of version 1 were sampled by exactly the weights pushed as version 1: their behaviour log-probs
     are the pushed policy's, teacher-forced, and not the initial policy's."""
-    run = trainer.setup(tiny(policy_dir, tmp_path / "run", "async.enable=true", "async.max_staleness=1"))
+    run = setup(tiny(policy_dir, tmp_path / "run", "async.enable=true", "async.max_staleness=1"))
     initial = [p.detach().clone() for p in trainable(run.policy)]
     with rollout_worker(run):
         run.rollouts.take(1)
@@ -212,7 +213,7 @@ def test_the_worker_samples_with_the_weights_it_was_sent(policy_dir, tmp_path):
 
     def logprobs() -> torch.Tensor:
         with torch.no_grad():
-            return trainer._in_micro_batches(lambda mb: trainer._logprobs(run.policy, mb), batch, 2)
+            return forward.in_micro_batches(lambda mb: forward.logprobs(run.policy, mb), batch, 2)
 
     assert (logprobs() - batch.rollout_logp)[valid].abs().max() < 1e-4
     with torch.no_grad():
@@ -227,7 +228,7 @@ def test_partial_rollouts_take_new_weights_between_turns(policy_dir, tmp_path):
     """New weights arriving before turn 1 (`newest_weights`, as a worker with async.partial_rollouts calls it):
     turn 0 records version 0 and was sampled by the old weights, later turns version 1 and exactly the new
     ones (none of the old weights' cached keys/values reused), and the episode counts as version 0."""
-    run = trainer.setup(load_config("frozenlake", [
+    run = setup(load_config("frozenlake", [
         f"model.path={policy_dir}", "model.device=cpu", f"trainer.run_dir={tmp_path}", "rollout.num_groups=2",
         "rollout.group_size=2", "rollout.max_turns=3", "rollout.max_tokens_per_turn=8", "logging.progress=false",
         "logging.tensorboard=false",
@@ -247,7 +248,7 @@ def test_partial_rollouts_take_new_weights_between_turns(policy_dir, tmp_path):
         load(calls[-1])
         return calls[-1]
 
-    trajectories, metrics = trainer.rollout_phase(run, 1, newest_weights=newest_weights)
+    trajectories, metrics = rollout_stage.rollout_phase(run, 1, newest_weights=newest_weights)
     assert calls == [0, 1, 1] and metrics["rollout/turns_mean"] == 3  # the random policy plays every turn
     for t in trajectories:
         assert [turn.policy_version for turn in t.turns] == [0, 1, 1] and t.policy_version == 0
@@ -261,7 +262,7 @@ def test_partial_rollouts_take_new_weights_between_turns(policy_dir, tmp_path):
                 forced = token_logprobs(logits, ids[:, len(turn.prompt_ids):])[0]
                 gap = (forced - torch.tensor(turn.logprobs)).abs().max()
                 assert (gap < 1e-4) == (turn.policy_version == version), (version, turn.policy_version, gap)
-    assert trainer.staleness_metrics(trajectories, 3)["async/mixed_version_frac"] == 1.0
+    assert rollout_stage.staleness_metrics(trajectories, 3)["async/mixed_version_frac"] == 1.0
     run.tracker.close()
 
 
@@ -269,7 +270,7 @@ def test_a_worker_with_partial_rollouts_stamps_every_turn(policy_dir, tmp_path):
     """async.partial_rollouts=true through a real worker: version 1 is pushed while it plays step 2 from
     version 0, so step 2's turns are of version 0 then, once it has arrived, 1 (when it arrives is up to
     the worker's timing); an episode counts as its first turn's version, and step 3's start from 1."""
-    run = trainer.setup(load_config("frozenlake", [
+    run = setup(load_config("frozenlake", [
         f"model.path={policy_dir}", "model.device=cpu", f"trainer.run_dir={tmp_path}", "rollout.num_groups=2",
         "rollout.group_size=2", "rollout.max_turns=4", "rollout.max_tokens_per_turn=8", "logging.progress=false",
         "logging.tensorboard=false", "async.enable=true", "async.partial_rollouts=true",
@@ -296,12 +297,12 @@ def test_oversampled_candidates_are_admitted_by_the_filter(small_bandit_policy, 
                   "async.oversample=2", "rollout.num_groups=3", "filter.include_zero=false",
                   "filter.strategy=top_p", "filter.value=1.0", "rollout.temperature=1.5",
                   "rollout.max_tokens_per_turn=64")
-    run = trainer.setup(config)
+    run = setup(config)
     seen_kept = 0
     for step in (1, 2, 3):
-        trajectories, _ = trainer.rollout_phase(run, step, trainer.candidates(config))
+        trajectories, _ = rollout_stage.rollout_phase(run, step, trainer.candidates(config))
         assert len(trajectories) == 6 * 4
-        kept, metrics = trainer.filter_phase(run, trajectories)
+        kept, metrics = filter_stage.filter_phase(run, trajectories)
         rewards = np.array([t.episode_return for t in trajectories]).reshape(6, 4)
         variance = group_scores(rewards, "reward_variance")
         groups = sorted({t.group_id for t in kept})

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from ragen2.rl.advantages import gigpo_advantages, turn_values_to_tokens
+from ragen2.rl.advantages import turn_values_to_tokens
+from ragen2.rl.gigpo import gigpo_advantages
 
 
 def test_hand_computed_case():

@@ -260,7 +260,8 @@ def test_reinforce_pp_baseline_spreads_a_trajectory_over_its_rows():
 
 def test_the_trainer_applies_the_options_in_ragens_order(policy_dir, tmp_path):
     """Normalise returns (batch-wide mean_std), GRPO, soft reweight, length weight: RAGEN's pipeline, restated."""
-    from ragen2.rl import trainer
+    from ragen2.rl import advantage_stage
+    from ragen2.rl.run import setup
 
     lengths = [3, 5, 2, 4, 6, 3]  # model tokens per episode
     raw = [1.0, 0.0, 2.0, 2.0, 0.5, 3.0]
@@ -272,8 +273,8 @@ def test_the_trainer_applies_the_options_in_ragens_order(policy_dir, tmp_path):
         "algo.reward_norm_method=mean_std", "algo.reward_norm_grouping=batch", "algo.soft_advantage_reweight=true",
         "algo.grpo_advantage_length_weight=true", "algo.task_advantage_scale=0.5",
     ])
-    run = trainer.setup(config)
-    batch = trainer.advantage_phase(run, episodes)
+    run = setup(config)
+    batch = advantage_stage.advantage_phase(run, episodes)
     normalised = reference_normalize(raw, [1] * 6, "mean_std")
     advantages, group_std = reference_grpo(normalised, groups)
     expected = reference_soft_reweight(advantages[:, None] * batch.mask, group_std, groups)

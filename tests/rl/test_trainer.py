@@ -17,7 +17,8 @@ from helpers import tiny_run_config
 from ragen2.agent.types import Trajectory
 from ragen2.config import AlgoConfig, Config
 from ragen2.errors import ConfigError
-from ragen2.rl import trainer
+from ragen2.rl import advantage_stage, forward, rollout_stage, trainer, update_stage
+from ragen2.rl.run import setup
 from ragen2.rl.batch import build_batch, response_logits
 from ragen2.tracking import read_events, read_metrics
 
@@ -41,7 +42,7 @@ def _trajectory(seed: int, group: int, ret: float, samples: list[tuple[list[int]
 
 def _with_varied_returns(run: trainer.Run, step: int = 1) -> list[Trajectory]:
     """A real rollout batch whose returns are overwritten so every group has signal."""
-    trajectories, _ = trainer.rollout_phase(run, step)
+    trajectories, _ = rollout_stage.rollout_phase(run, step)
     for i, traj in enumerate(trajectories):
         traj.episode_return = float(i % 3)
     return trajectories
@@ -77,12 +78,12 @@ def test_build_batch_pads_shifts_and_keeps_trajectory_labels():
 
 
 def test_grpo_advantages_are_per_trajectory_and_on_model_tokens_only(policy_dir, tmp_path):
-    run = trainer.setup(tiny_config(policy_dir, tmp_path / "run"))
+    run = setup(tiny_config(policy_dir, tmp_path / "run"))
     kept = [
         _trajectory(1, 0, 1.0, [([1, 2, 3], [0, 1, 1])]),
         _trajectory(1, 0, 0.0, [([1, 2], [0, 1]), ([1, 2, 4], [0, 0, 1])]),  # two turns, one trajectory
     ]
-    batch = trainer.advantage_phase(run, kept)
+    batch = advantage_stage.advantage_phase(run, kept)
     # Group of two returns {1, 0}: mean 0.5, std (ddof=1) 0.7071 -> advantages +-0.7071.
     expected = torch.tensor([[0.7071, 0.7071], [-0.7071, 0.0], [0.0, -0.7071]])
     torch.testing.assert_close(batch.advantages, expected, atol=1e-4, rtol=0)
@@ -94,11 +95,11 @@ def test_grpo_advantages_are_per_trajectory_and_on_model_tokens_only(policy_dir,
 
 @pytest.mark.parametrize("algo", ["grpo", "ppo"])
 def test_one_step_changes_every_trainable_parameter(policy_dir, tmp_path, algo):
-    run = trainer.setup(tiny_config(policy_dir, tmp_path / "run", f"algo.name={algo}", "algo.kl_coef=0.01"))
+    run = setup(tiny_config(policy_dir, tmp_path / "run", f"algo.name={algo}", "algo.kl_coef=0.01"))
     before = _parameters(run.policy)
     critic_before = _parameters(run.critic) if run.critic is not None else {}
-    batch = trainer.advantage_phase(run, _with_varied_returns(run))
-    metrics = trainer.update_phase(run, batch, step=1, scale=1.0)
+    batch = advantage_stage.advantage_phase(run, _with_varied_returns(run))
+    metrics = update_stage.update_phase(run, batch, step=1, scale=1.0)
     unchanged = [n for n, p in _parameters(run.policy).items() if torch.equal(p, before[n])]
     assert not unchanged, f"policy parameters not updated: {unchanged}"
     if algo == "ppo":
@@ -113,21 +114,21 @@ def test_one_step_changes_every_trainable_parameter(policy_dir, tmp_path, algo):
 
 
 def test_kl_reference_is_built_only_when_used(policy_dir, tmp_path):
-    run = trainer.setup(tiny_config(policy_dir, tmp_path / "a"))
+    run = setup(tiny_config(policy_dir, tmp_path / "a"))
     assert run.reference is None and run.critic is None
     run.tracker.close()
-    run = trainer.setup(tiny_config(policy_dir, tmp_path / "b", "algo.kl_coef=0.1"))
+    run = setup(tiny_config(policy_dir, tmp_path / "b", "algo.kl_coef=0.1"))
     assert run.reference is not None
     assert not any(p.requires_grad for p in run.reference.parameters())
     run.tracker.close()
 
 
 def test_nonfinite_loss_skips_the_optimizer_step(policy_dir, tmp_path):
-    run = trainer.setup(tiny_config(policy_dir, tmp_path / "run"))
-    batch = trainer.advantage_phase(run, _with_varied_returns(run))
+    run = setup(tiny_config(policy_dir, tmp_path / "run"))
+    batch = advantage_stage.advantage_phase(run, _with_varied_returns(run))
     batch.advantages = torch.where(batch.mask > 0, torch.nan, 0.0)
     before = _parameters(run.policy)
-    metrics = trainer.update_phase(run, batch, step=1, scale=1.0)
+    metrics = update_stage.update_phase(run, batch, step=1, scale=1.0)
     assert metrics["train/skipped_nonfinite"] == 2  # 8 sequences / mini-batches of 4
     for name, p in _parameters(run.policy).items():
         assert torch.equal(p, before[name]), name
@@ -143,12 +144,12 @@ def test_gradient_accumulation_matches_one_big_micro_batch(policy_dir, tmp_path,
     """1 micro-batch of 8 and 8 micro-batches of 1 give the same mini-batch gradient."""
     grads = []
     for micro in (8, 1):
-        run = trainer.setup(tiny_config(
+        run = setup(tiny_config(
             policy_dir, tmp_path / f"run{micro}", f"algo.loss_agg={agg}", "algo.mini_batch_size=8",
             f"algo.micro_batch_size={micro}", "optim.lr=0", "optim.grad_clip=0", "algo.kl_coef=0.05",
         ))
-        batch = trainer.advantage_phase(run, _with_varied_returns(run))
-        trainer.update_phase(run, batch, step=1, scale=1.0)  # lr 0: gradients stay in .grad, weights do not move
+        batch = advantage_stage.advantage_phase(run, _with_varied_returns(run))
+        update_stage.update_phase(run, batch, step=1, scale=1.0)  # lr 0: gradients stay in .grad, weights do not move
         grads.append({n: p.grad.clone() for n, p in run.policy.named_parameters()})
         run.tracker.close()
     for name in grads[0]:
@@ -158,10 +159,10 @@ def test_gradient_accumulation_matches_one_big_micro_batch(policy_dir, tmp_path,
 def test_gradient_checkpointing_gives_the_same_gradient(policy_dir, tmp_path):
     grads = []
     for checkpointing in ("false", "true"):
-        run = trainer.setup(tiny_config(policy_dir, tmp_path / checkpointing, f"model.gradient_checkpointing={checkpointing}",
+        run = setup(tiny_config(policy_dir, tmp_path / checkpointing, f"model.gradient_checkpointing={checkpointing}",
                                         "optim.lr=0"))
-        batch = trainer.advantage_phase(run, _with_varied_returns(run))
-        trainer.update_phase(run, batch, step=1, scale=1.0)
+        batch = advantage_stage.advantage_phase(run, _with_varied_returns(run))
+        update_stage.update_phase(run, batch, step=1, scale=1.0)
         grads.append({n: p.grad.clone() for n, p in run.policy.named_parameters()})
         run.tracker.close()
     for name in grads[0]:
@@ -169,15 +170,15 @@ def test_gradient_checkpointing_gives_the_same_gradient(policy_dir, tmp_path):
 
 
 def test_lr_schedule():
-    assert [trainer.lr_factor(s, 2, "constant", 10) for s in (1, 2, 3, 10)] == [0.5, 1.0, 1.0, 1.0]
-    assert [trainer.lr_factor(s, 0, "linear", 4) for s in (1, 2, 3, 4)] == [1.0, 0.75, 0.5, 0.25]
-    cosine = [trainer.lr_factor(s, 0, "cosine", 4) for s in (1, 3)]
+    assert [update_stage.lr_factor(s, 2, "constant", 10) for s in (1, 2, 3, 10)] == [0.5, 1.0, 1.0, 1.0]
+    assert [update_stage.lr_factor(s, 0, "linear", 4) for s in (1, 2, 3, 4)] == [1.0, 0.75, 0.5, 0.25]
+    cosine = [update_stage.lr_factor(s, 0, "cosine", 4) for s in (1, 3)]
     assert cosine == pytest.approx([1.0, 0.5])
 
 
 def test_derived_seed_depends_on_seed_step_and_purpose_only():
-    assert trainer.derived_seed(0, 3, "rollout") == trainer.derived_seed(0, 3, "rollout")
-    seeds = {trainer.derived_seed(s, t, p) for s in (0, 1) for t in (1, 2) for p in ("rollout", "env")}
+    assert rollout_stage.derived_seed(0, 3, "rollout") == rollout_stage.derived_seed(0, 3, "rollout")
+    seeds = {rollout_stage.derived_seed(s, t, p) for s in (0, 1) for t in (1, 2) for p in ("rollout", "env")}
     assert len(seeds) == 8
     assert all(0 <= s < 2**63 for s in seeds)
 
@@ -199,15 +200,15 @@ def test_dual_clip_defaults_to_the_reference_and_bad_values_are_refused(policy_d
 @pytest.mark.parametrize("clip_ratio_c, expected", [("3.0", 3.0), ("null", 5.0)])
 def test_policy_step_caps_negative_advantage_tokens_at_clip_ratio_c(policy_dir, tmp_path, clip_ratio_c, expected):
     """Ratio 5 on every token, A = -1: the loss is -A c = 3 with no gradient (5 without the dual clip)."""
-    run = trainer.setup(tiny_config(
+    run = setup(tiny_config(
         policy_dir, tmp_path / "run", f"algo.clip_ratio_c={clip_ratio_c}", "algo.loss_agg=token-mean",
         "algo.entropy_coef=0", "optim.lr=0", "optim.grad_clip=0",
     ))
-    batch = trainer.advantage_phase(run, _with_varied_returns(run))
+    batch = advantage_stage.advantage_phase(run, _with_varied_returns(run))
     batch.advantages = torch.where(batch.mask > 0, -1.0, 0.0)
     with torch.no_grad():
-        batch.old_logp = trainer._in_micro_batches(lambda mb: trainer._logprobs(run.policy, mb), batch, 2) - math.log(5)
-    metrics = trainer.policy_step(run, batch, scale=1.0)
+        batch.old_logp = forward.in_micro_batches(lambda mb: forward.logprobs(run.policy, mb), batch, 2) - math.log(5)
+    metrics = update_stage.policy_step(run, batch, scale=1.0)
     assert metrics["policy_loss"] == pytest.approx(expected, rel=1e-4)
     grads = [p.grad for p in run.policy.parameters() if p.grad is not None]
     if clip_ratio_c == "null":
@@ -220,7 +221,7 @@ def test_policy_step_caps_negative_advantage_tokens_at_clip_ratio_c(policy_dir, 
 def test_existing_run_directory_is_refused(policy_dir, tmp_path):
     (tmp_path / "metrics.jsonl").write_text("")
     with pytest.raises(ConfigError, match="--resume"):
-        trainer.setup(tiny_config(policy_dir, tmp_path))
+        setup(tiny_config(policy_dir, tmp_path))
 
 
 # ----------------------------------------------------------------------------- whole runs
@@ -318,11 +319,11 @@ def test_lora_trains_only_the_adapters_and_round_trips(policy_dir, tmp_path):
     config = tiny_config(policy_dir, run_dir, "model.lora_rank=2", "model.lora_target_modules=[q_proj,v_proj]",
                          "algo.kl_coef=0.1", "algo.kl_estimator=low_var_kl",  # >= 0 per token, unlike k1
                          "trainer.total_steps=1", "filter.include_zero=true")
-    run = trainer.setup(config)
+    run = setup(config)
     trainable = _parameters(run.policy)
     assert trainable and all("lora_" in name for name in trainable)
-    batch = trainer.advantage_phase(run, _with_varied_returns(run))
-    metrics = trainer.update_phase(run, batch, step=1, scale=1.0)
+    batch = advantage_stage.advantage_phase(run, _with_varied_returns(run))
+    metrics = update_stage.update_phase(run, batch, step=1, scale=1.0)
     assert metrics["train/kl"] >= 0
     changed = [n for n, p in _parameters(run.policy).items() if not torch.equal(p, trainable[n])]
     assert len(changed) == len(trainable)
@@ -332,7 +333,7 @@ def test_lora_trains_only_the_adapters_and_round_trips(policy_dir, tmp_path):
     run.tracker.close()
     run.lock.release()  # as `train` does on exit: the resume below takes the run directory over
     assert (run_dir / "checkpoints" / "step_1" / "adapter_model.safetensors").is_file()
-    resumed = trainer.setup(config, resume_dir=run_dir)
+    resumed = setup(config, resume_dir=run_dir)
     for name, p in _parameters(resumed.policy).items():
         torch.testing.assert_close(p, _parameters(run.policy)[name])
     resumed.tracker.close()
@@ -392,7 +393,7 @@ def test_guard_state_survives_a_resume(policy_dir, tmp_path):
 
 
 def test_response_logits_equal_the_full_forward_on_response_tokens(policy_dir, tmp_path):
-    run = trainer.setup(tiny_config(policy_dir, tmp_path / "run"))
+    run = setup(tiny_config(policy_dir, tmp_path / "run"))
     batch = build_batch(_with_varied_returns(run), run.tokenizer.pad_token_id)
     logits, start = response_logits(run.policy, batch)
     assert start > 0 and batch.mask[:, :start].sum() == 0  # the columns left out hold no response token
@@ -407,12 +408,12 @@ def test_on_policy_step_without_old_logprobs_matches_one_with_them(policy_dir, t
     """One epoch of one mini-batch skips the old-log-prob pass; the update must not change."""
     weights = []
     for name, precompute in (("a", True), ("b", False)):
-        run = trainer.setup(tiny_config(policy_dir, tmp_path / name, "algo.mini_batch_size=64"))
-        batch = trainer.advantage_phase(run, _with_varied_returns(run))
+        run = setup(tiny_config(policy_dir, tmp_path / name, "algo.mini_batch_size=64"))
+        batch = advantage_stage.advantage_phase(run, _with_varied_returns(run))
         if precompute:
             with torch.no_grad():
-                batch.old_logp = trainer._in_micro_batches(lambda mb: trainer._logprobs(run.policy, mb), batch, 2)
-        trainer.policy_step(run, batch, scale=1.0)
+                batch.old_logp = forward.in_micro_batches(lambda mb: forward.logprobs(run.policy, mb), batch, 2)
+        update_stage.policy_step(run, batch, scale=1.0)
         weights.append(_parameters(run.policy))
         run.tracker.close()
     assert all(torch.allclose(weights[0][n], weights[1][n], atol=1e-6) for n in weights[0])
@@ -423,12 +424,12 @@ def test_on_policy_step_without_old_logprobs_matches_one_with_them(policy_dir, t
 
 def test_rollouts_record_the_behaviour_logprobs_of_every_trained_token(policy_dir, tmp_path):
     """At temperature 1 and top-p 1 the recorded log-probs are the policy's own, token for token."""
-    run = trainer.setup(tiny_config(policy_dir, tmp_path / "run", "rollout.max_turns=2"))
-    trajectories, _ = trainer.rollout_phase(run, 1)
+    run = setup(tiny_config(policy_dir, tmp_path / "run", "rollout.max_turns=2"))
+    trajectories, _ = rollout_stage.rollout_phase(run, 1)
     batch = build_batch(trajectories, run.tokenizer.pad_token_id)
     assert batch.rollout_logp is not None and batch.mask.sum() > 0
     with torch.no_grad():
-        logp = trainer._in_micro_batches(lambda mb: trainer._logprobs(run.policy, mb), batch, 2)
+        logp = forward.in_micro_batches(lambda mb: forward.logprobs(run.policy, mb), batch, 2)
     torch.testing.assert_close(batch.rollout_logp * batch.mask, logp * batch.mask, atol=1e-4, rtol=0)
     assert torch.all(batch.rollout_logp[batch.mask == 0] == 0)
     run.tracker.close()
@@ -437,16 +438,16 @@ def test_rollouts_record_the_behaviour_logprobs_of_every_trained_token(policy_di
 def _corrected_update(policy_dir: Path, run_dir: Path, shift: float, *overrides: str, old_logp: bool = False):
     """One update whose batch's behaviour log-probs are the policy's own plus `shift` on every other row;
     with `old_logp`, the policy's log-probs before the update are given, as a separate pass makes them."""
-    run = trainer.setup(tiny_config(policy_dir, run_dir, "algo.mini_batch_size=64", *overrides))
-    batch = trainer.advantage_phase(run, _with_varied_returns(run))
+    run = setup(tiny_config(policy_dir, run_dir, "algo.mini_batch_size=64", *overrides))
+    batch = advantage_stage.advantage_phase(run, _with_varied_returns(run))
     with torch.no_grad():
-        own = trainer._in_micro_batches(lambda mb: trainer._logprobs(run.policy, mb), batch, 2)
+        own = forward.in_micro_batches(lambda mb: forward.logprobs(run.policy, mb), batch, 2)
     rows = torch.arange(len(batch)) % 2 == 1
     batch.rollout_logp = (own + shift * rows[:, None]) * batch.mask
     if old_logp:
         batch.old_logp = own
     mask = batch.mask.clone()
-    metrics = trainer.update_phase(run, batch, step=1, scale=1.0)
+    metrics = update_stage.update_phase(run, batch, step=1, scale=1.0)
     run.tracker.close()
     return _parameters(run.policy), metrics, mask, rows
 
@@ -519,12 +520,12 @@ def test_kl_in_reward_takes_beta_times_the_kl_off_the_token_rewards_before_the_a
     config = tiny_config(policy_dir, tmp_path / "run", "algo.name=reinforce_pp", "algo.kl_in_reward=true",
                          "algo.kl_reward_coef=0.5", "algo.kl_estimator=k1", "algo.gamma=1.0",
                          "algo.reward_norm_method=identity")
-    run = trainer.setup(config)
+    run = setup(config)
     torch.manual_seed(0)
     with torch.no_grad():
         for p in run.policy.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    batch = trainer.advantage_phase(run, [t for t in _with_varied_returns(run) if t.samples])
+    batch = advantage_stage.advantage_phase(run, [t for t in _with_varied_returns(run) if t.samples])
     kl = (batch.old_logp - batch.ref_logp) * batch.mask
     assert kl.abs().sum() > 0.01
     task_rewards = place_terminal_reward(batch.returns, batch.mask)

@@ -10,7 +10,8 @@ import torch
 from helpers import tiny_run_config
 from ragen2.agent.vllm_backend import VLLMBackend
 from ragen2.config import Config
-from ragen2.rl import trainer
+from ragen2.rl import advantage_stage, rollout_stage, trainer, update_stage
+from ragen2.rl.run import setup
 from ragen2.tracking import read_metrics
 
 pytest.importorskip("vllm", reason="needs the vllm extra: make test-vllm")
@@ -30,14 +31,14 @@ def vllm_config(policy_dir: Path, run_dir: Path, *overrides: str) -> Config:
 
 
 def test_after_an_update_the_engine_samples_the_updated_policy(policy_dir, tmp_path, teacher_forced):
-    run = trainer.setup(vllm_config(policy_dir, tmp_path / "run"))
-    trajectories, _ = trainer.rollout_phase(run, 1)
+    run = setup(vllm_config(policy_dir, tmp_path / "run"))
+    trajectories, _ = rollout_stage.rollout_phase(run, 1)
     assert isinstance(run.backend, VLLMBackend)
     assert len(trajectories) == 8 and all(t.turns for t in trajectories)
     for i, traj in enumerate(trajectories):  # returns that vary within each group: every episode has an advantage
         traj.episode_return = float(i % 3)
     before = {n: p.detach().clone() for n, p in run.policy.named_parameters()}
-    trainer.update_phase(run, trainer.advantage_phase(run, trajectories), step=1, scale=1.0)
+    update_stage.update_phase(run, advantage_stage.advantage_phase(run, trajectories), step=1, scale=1.0)
     assert any(not torch.equal(p, before[n]) for n, p in run.policy.named_parameters())
 
     prompts = [t.turns[0].prompt_ids for t in trajectories[:4]]
@@ -46,7 +47,7 @@ def test_after_an_update_the_engine_samples_the_updated_policy(policy_dir, tmp_p
         not torch.allclose(torch.tensor(o.logprobs), teacher_forced(run.policy, p, o.token_ids), atol=1e-4, rtol=0)
         for p, o in zip(prompts, stale)
     )
-    trainer.push_weights(run, 1)
+    rollout_stage.push_weights(run, 1)
     fresh = run.backend.generate(prompts, max_new_tokens=8, temperature=1.0, top_p=1.0, seeds=[0, 1, 2, 3])
     for prompt, out in zip(prompts, fresh):
         hf = teacher_forced(run.policy, prompt, out.token_ids)

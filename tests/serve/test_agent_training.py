@@ -25,7 +25,8 @@ from ragen2.rl.async_rollout import rollout_worker
 from ragen2.rl.batch import build_batch
 from ragen2.rl.losses import token_logprobs
 from ragen2.rl.run import setup
-from ragen2.rl.trainer import rollout_phase, train
+from ragen2.rl.rollout_stage import rollout_phase
+from ragen2.rl.trainer import train
 
 AGENT = Path(__file__).parent / "lookup_agent.py"
 

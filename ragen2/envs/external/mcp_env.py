@@ -186,7 +186,7 @@ class MCPEnv(TextEnv):
         self.tasks = _load_tasks(tasks) if tasks else calculator_tasks()
         self.checker: Callable[[dict, str], float] = exact_match
         if checker:
-            from ragen2.serve.entrypoint import load_entrypoint
+            from ragen2.entrypoint import load_entrypoint
 
             self.checker = load_entrypoint(checker, "env.kwargs.checker", ("task", "answer"))
         self.server = connection(tuple(command), timeout_s)
