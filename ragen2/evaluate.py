@@ -10,6 +10,7 @@ It evaluates a policy its caller has loaded (the trainer's, the warm start's) an
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -159,8 +160,13 @@ def write_rollout_records(path: Path, trajectories: list[Trajectory], tokenizer:
     """One JSON object per turn, in the rollout-record format `ragen2 diagnose` reads (DESIGN §4).
 
     `group` is the environment seed (turns of the same input share it); `prompt` is the
-    full context the model saw, chat template included.
+    full context the model saw, chat template included. The text fields are for people and
+    text-only readers; the token ids are what the model saw and sampled, so a trace can be
+    scored, replayed or trained on without re-tokenising (which need not give the same ids).
+    Log-probs are rounded to 6 decimals: float32 carries about 7 significant digits, and the
+    full repr of each would double the size of the field.
     """
+    vocab = tokenizer_fingerprint(tokenizer)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
         for episode, traj in enumerate(trajectories):
@@ -173,8 +179,24 @@ def write_rollout_records(path: Path, trajectories: list[Trajectory], tokenizer:
                     "reward": turn.reward,
                     "episode": episode,
                     "turn": turn_index,
+                    "role": None,  # agent calls carry no role yet
+                    "prompt_ids": list(turn.prompt_ids),
+                    "response_ids": list(turn.response_ids),
+                    "reasoning_span": list(turn.reasoning_span),
+                    "logprobs": None if turn.logprobs is None else [round(x, 6) for x in turn.logprobs],
+                    "tokenizer": vocab,
                 }
                 f.write(json.dumps(record) + "\n")
+
+
+def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
+    """First 16 hex digits of the sha256 of the vocabulary (token -> id, added tokens included).
+
+    Token ids mean the same to two tokenizers exactly when their vocabularies are equal, whatever
+    their names, paths or pre-tokenisers: a checkpoint's tokenizer matches its base model's.
+    """
+    vocab = json.dumps(sorted(tokenizer.get_vocab().items()))
+    return hashlib.sha256(vocab.encode()).hexdigest()[:16]
 
 
 def new_results_dir(kind: str, source: str | Path, *details: str) -> Path:

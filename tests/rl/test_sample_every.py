@@ -55,7 +55,8 @@ def test_training_samples_are_written_at_the_steps_divisible_by_sample_every(run
     for step in (3, 6):
         lines = (runs[3] / "rollouts" / f"train_step_{step}.jsonl").read_text().splitlines()
         records = [json.loads(line) for line in lines]
-        assert set(records[0]) == {"group", "prompt", "reasoning", "response", "reward", "episode", "turn"}
+        assert set(records[0]) == {"group", "prompt", "reasoning", "response", "reward", "episode", "turn", "role",
+                                   "prompt_ids", "response_ids", "reasoning_span", "logprobs", "tokenizer"}
         episodes = sorted({r["episode"] for r in records})
         assert episodes == [0, 1, 2, 3]  # all 4 of the batch (sample_trajectories=4)
         groups = [next(r["group"] for r in records if r["episode"] == e) for e in episodes]
@@ -74,7 +75,7 @@ def test_sample_every_does_not_change_the_run(runs):
 
 
 def test_only_rank_0_writes_and_the_pick_takes_groups_in_turn(tmp_path, monkeypatch):
-    tokenizer = SimpleNamespace(decode=lambda ids, skip_special_tokens: " ".join(map(str, ids)))
+    tokenizer = SimpleNamespace(decode=lambda ids, skip_special_tokens: " ".join(map(str, ids)), get_vocab=dict)
     turn = Turn(prompt_ids=[1, 2], response_ids=[3], response_text="x", reasoning="", reasoning_span=(0, 0),
                 actions=[], format_valid=False, actions_valid=False, reward=-0.1, observation="")
     batch = [Trajectory("bandit", seed=100 + g, group_id=g, turns=[turn]) for g in range(3) for _ in range(2)]
