@@ -8,6 +8,12 @@ rollout dumps). The input X of a record is what the model saw before the reasoni
   then `<think>` is appended unless the template already ends with it. Completions converted
   from TRL carry what the model generated before the reasoning instead (usually `<think>`).
 
+A record that carries the token ids the model saw and sampled (ragen2's own, `Record.tokens`) is
+scored on them, X = its prompt ids and Z = its reasoning span of the response ids, as training
+scores them, when the scoring model's tokenizer has the vocabulary that made them (the record's
+`tokenizer` fingerprint, `ragen2.evaluate.tokenizer_fingerprint`). Otherwise its text is
+re-tokenised, and the result's notes say for how many records.
+
 Empty reasoning is dropped and counted (`valid_thinking_rate`).
 """
 
@@ -16,7 +22,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +33,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from ragen2.collapse.heatmap import draw_heatmap
 from ragen2.collapse.metrics import MARGINALS, MIN_PAIRS, mi_metrics, proxies_undefined
 from ragen2.collapse.online import RECALL_KS
-from ragen2.collapse.rollout_files import LISTED, Record, RolloutFile, read_rollouts
+from ragen2.collapse.rollout_files import LISTED, Record, RolloutFile, Tokens, read_rollouts
 from ragen2.collapse.scoring import score_matrix
 from ragen2.errors import ConfigError, RolloutFormatError
-from ragen2.evaluate import new_results_dir
+from ragen2.evaluate import new_results_dir, tokenizer_fingerprint
 from ragen2.models.loading import DTYPES, check_model_path, resolve_device, resolve_model_path
 from ragen2.tags import THINK_OPEN
 
@@ -155,6 +161,8 @@ class Diagnosis:
     selection: Selection
     column_labels: list[str]  # [P] group of each column
     truncated: int = 0  # reasonings cut to `max_reasoning_tokens`
+    on_token_ids: int = 0  # of the records scored (pairs and columns), those scored on their recorded ids
+    notes: list[str] = field(default_factory=list)  # what a reader of the numbers should know
 
 
 def diagnose(
@@ -168,15 +176,15 @@ def diagnose(
     marginal: str = "mixture",
     max_reasoning_tokens: int | None = None,
 ) -> Diagnosis:
-    """Select pairs, tokenize them with `tokenizer`, score them with `model`, compute the proxies.
+    """Select pairs, take their token ids (`recorded_ids`) or tokenize them with `tokenizer`, score them
+    with `model`, compute the proxies.
 
-    Reasonings are tokenized on their own (no special tokens); a tokenizer that merges text
-    across the `<think>` boundary may split the first reasoning token slightly differently
-    from what was generated. `max_reasoning_tokens` keeps the first N tokens of each
+    Reasonings without recorded ids are tokenized on their own (no special tokens); a tokenizer
+    that merges text across the `<think>` boundary may split the first reasoning token slightly
+    differently from what was generated. `max_reasoning_tokens` keeps the first N tokens of each
     reasoning (None: all): scoring holds logits of [micro-batch, prompt + reasoning, vocab],
-    so one reasoning of 500 KB would need tens of GB. The text is cut to
-    `_CHARS_PER_TOKEN_CAP` x N characters before tokenizing, so a 10 MB reasoning is not
-    tokenized whole either.
+    so one reasoning of 500 KB would need tens of GB. Text is cut to `_CHARS_PER_TOKEN_CAP` x N
+    characters before tokenizing, so a 10 MB reasoning is not tokenized whole either.
     """
     _check_options(scheme, num_samples, marginal, max_reasoning_tokens)
     records = rollouts.records
@@ -189,10 +197,21 @@ def diagnose(
     def encode(text: str) -> list[int]:  # templates and rendered prompts carry their own special tokens
         return tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    prompts = [encode(render_prompt(records[i], tokenizer, rollouts.unit)) for i in selection.columns]
+    vocab = tokenizer_fingerprint(tokenizer)
+    ids = {i: recorded_ids(records[i], vocab) for i in {*selection.columns, *selection.pairs}}
+    prompts = [ids[i].prompt_ids if ids[i] is not None else encode(render_prompt(records[i], tokenizer, rollouts.unit))
+               for i in selection.columns]
     cap = max_reasoning_tokens
-    texts = [records[i].reasoning.strip() for i in selection.pairs]
-    reasonings = [encode(z if cap is None else z[: cap * _CHARS_PER_TOKEN_CAP]) for z in texts]
+
+    def reasoning(i: int) -> list[int]:
+        """The recorded span, unless it is empty: pairs are chosen on the text, and a tokenizer that merged a
+        reasoning of a few characters into `</think>` left it no token of its own."""
+        if ids[i] is not None and ids[i].reasoning_ids:
+            return ids[i].reasoning_ids
+        z = records[i].reasoning.strip()
+        return encode(z if cap is None else z[: cap * _CHARS_PER_TOKEN_CAP])
+
+    reasonings = [reasoning(i) for i in selection.pairs]
     truncated = 0 if cap is None else sum(len(z) > cap for z in reasonings)
     reasonings = reasonings if cap is None else [z[:cap] for z in reasonings]
     lengths = np.array([len(z) for z in reasonings])
@@ -203,7 +222,21 @@ def diagnose(
     metrics = {key: float(value) for key, value in result.items()}
     metrics["valid_thinking_rate"] = selection.valid_thinking_rate
     labels = [str(records[i].group) for i in selection.columns]
-    return Diagnosis(metrics, logp, source, lengths, selection, labels, truncated)
+    foreign = sum(records[i].tokens is not None and tokens is None for i, tokens in ids.items())
+    notes = [f"{foreign} of the {len(ids)} records scored carry token ids of another vocabulary than the scoring "
+             f"model's tokenizer (fingerprint {vocab}), or name none: their text was re-tokenised"] if foreign else []
+    on_ids = sum(tokens is not None for tokens in ids.values())
+    return Diagnosis(metrics, logp, source, lengths, selection, labels, truncated, on_ids, notes)
+
+
+def recorded_ids(record: Record, vocab: str) -> Tokens | None:
+    """The record's token ids if the vocabulary with fingerprint `vocab` made them, else None (score its text).
+
+    Equal vocabularies give every id the same token, so the ids are exactly what the scoring
+    model would have seen; anything else (another vocabulary, or none recorded) could give ids
+    that mean other tokens, and re-tokenising the text is the safe way.
+    """
+    return record.tokens if record.tokens is not None and record.tokens.tokenizer == vocab else None
 
 
 # Characters kept per allowed token before tokenizing a capped reasoning: more than any BPE token
@@ -370,7 +403,8 @@ def diagnose_cli(
         "empty_reasoning_dropped": sel.empty,
         "max_reasoning_tokens": max_reasoning_tokens,
         "reasoning_truncated": result.truncated,
-        "notes": rollouts.notes,
+        "scored_on_token_ids": result.on_token_ids,
+        "notes": rollouts.notes + result.notes,
         "metrics": {k: v for k, v in m.items() if math.isfinite(v)},
         "reading": reading(m),
         # Row m of logp is the reasoning of pair_lines[m], from input pair_inputs[m]; column j the input of
@@ -404,6 +438,9 @@ def _terminal_text(rollouts: RolloutFile, result: Diagnosis, report: dict[str, A
     if result.truncated:
         lines.append(f"truncated {result.truncated} of {len(sel.pairs)} reasonings to their first "
                      f"{report['max_reasoning_tokens']} tokens (--max-reasoning-tokens)")
-    lines += [f"note: {note}" for note in rollouts.notes]
+    if result.on_token_ids:
+        lines.append(f"scored {result.on_token_ids} of the {len({*sel.pairs, *sel.columns})} records used on their "
+                     "recorded token ids")
+    lines += [f"note: {note}" for note in report["notes"]]
     lines += ["", format_table(result.metrics), "", report["reading"]]
     return "\n".join(lines)

@@ -3,9 +3,13 @@
 Input is a file of rollout records (DESIGN §4), JSONL, one object per turn:
 
     {"group": int|str, "prompt": str | [chat messages], "reasoning": str,
-     "reward": float?, "episode": int|str?, "turn": int?}
+     "reward": float?, "episode": int|str?, "turn": int?,
+     "prompt_ids": [int]?, "response_ids": [int]?, "reasoning_span": [start, end]?, "tokenizer": str?}
 
-`ragen2 train` writes exactly this to `rollouts/step_N.jsonl` (plus a `response` key, ignored).
+`ragen2 train` writes this to `rollouts/step_N.jsonl` (plus `response`, `logprobs` and `role`, not
+read here). The token ids come as a set: the ids of the prompt, of the response and the [start, end)
+of the reasoning inside the response; `tokenizer` is the fingerprint of the vocabulary that made them
+(`ragen2.evaluate.tokenizer_fingerprint`), which says whether a scoring model may use them as they are.
 TRL's GRPOTrainer completion logs (`log_completions=True`: `completions/completions_NNNNN.parquet`,
 the W&B table JSON, or a JSONL of rows with `prompt` and `completion`) are converted: one record
 per completion, group = identical prompt, reasoning = the text between `<think>` and `</think>`
@@ -31,6 +35,16 @@ from ragen2.tags import THINK_CLOSE, THINK_OPEN
 FORMATS = ("auto", "records", "ragen2", "trl", "verl")
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")  # where chat parsers put the reasoning
 LISTED = 5  # bad lines named one by one in messages
+TOKEN_FIELDS = ("prompt_ids", "response_ids", "reasoning_span")  # a record's token ids: all or none
+
+
+@dataclass
+class Tokens:
+    """A record's prompt and reasoning as token ids, and the vocabulary they belong to."""
+
+    prompt_ids: list[int]  # X, ending where the reasoning starts
+    reasoning_ids: list[int]  # Z: the reasoning span of the response ids
+    tokenizer: str | None  # fingerprint of the vocabulary; None when the file does not say
 
 
 @dataclass
@@ -45,6 +59,7 @@ class Record:
     episode: int | str | None = None
     turn: int | None = None
     prefix: str | None = None  # text between the rendered input and the reasoning; None: see offline.render_prompt
+    tokens: Tokens | None = None  # the ids the model saw and sampled, when the file recorded them
 
 
 @dataclass
@@ -166,7 +181,40 @@ def _record(n: int, obj: Any) -> Record:
         raise _BadRow(f"'episode' must be an int, a string or null, got {episode!r}")
     if turn is not None and (isinstance(turn, bool) or not isinstance(turn, int) or turn < 0):
         raise _BadRow(f"'turn' must be an integer >= 0 or null, got {turn!r}")
-    return Record(n, group, _prompt(obj["prompt"]), obj["reasoning"], reward, episode, turn)
+    return Record(n, group, _prompt(obj["prompt"]), obj["reasoning"], reward, episode, turn, tokens=_tokens(obj))
+
+
+def _tokens(obj: dict[str, Any]) -> Tokens | None:
+    """The record's token ids, checked: all of TOKEN_FIELDS or none, the span inside the response."""
+    present = [k for k in TOKEN_FIELDS if obj.get(k) is not None]
+    if not present:
+        return None
+    if len(present) < len(TOKEN_FIELDS):
+        missing = ", ".join(repr(k) for k in TOKEN_FIELDS if k not in present)
+        raise _BadRow(f"has {', '.join(map(repr, present))} but not {missing} (token ids come as a set)")
+    prompt_ids, response_ids, span = _ids(obj, "prompt_ids"), _ids(obj, "response_ids"), obj["reasoning_span"]
+    if not prompt_ids:
+        raise _BadRow("'prompt_ids' is empty")
+    if not (isinstance(span, list) and len(span) == 2 and all(map(_is_id, span))
+            and span[0] <= span[1] <= len(response_ids)):
+        raise _BadRow(f"'reasoning_span' must be [start, end] within the {len(response_ids)} response ids, "
+                      f"got {_short(span)}")
+    tokenizer = obj.get("tokenizer")
+    if tokenizer is not None and not isinstance(tokenizer, str):
+        raise _BadRow(f"'tokenizer' must be a string or null, got {_short(tokenizer)}")
+    return Tokens(prompt_ids, response_ids[span[0]: span[1]], tokenizer)
+
+
+def _ids(obj: dict[str, Any], key: str) -> list[int]:
+    ids = obj[key]
+    if not (isinstance(ids, list) and all(map(_is_id, ids))):
+        raise _BadRow(f"'{key}' must be a list of token ids (integers >= 0), got {_short(ids)}")
+    return ids
+
+
+def _is_id(value: Any) -> bool:
+    """A token id or a position: an integer >= 0 (JSON's true and false are not)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _check_object(obj: Any) -> None:
