@@ -228,6 +228,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535 or args.max_tokens < 1:
         raise Ragen2Error(f"--port {args.port} --max-tokens {args.max_tokens}: need a port in 0..65535 and "
                           "max tokens >= 1")
+    if args.max_model_len is not None and args.max_model_len < 1:
+        raise Ragen2Error(f"--max-model-len {args.max_model_len}: need a context length >= 1")
     from ragen2.models.loading import check_model_path, load_policy
     from ragen2.serve.endpoint import serve_policy
 
@@ -236,7 +238,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         check_model_path(model, f"model {model}")
     path = None if model == "tiny" else model
     policy, tokenizer = load_policy(path, args.device)
-    endpoint = serve_policy(policy, tokenizer, path, args.host, args.port, args.max_tokens)
+    endpoint = serve_policy(policy, tokenizer, path, args.host, args.port, args.max_tokens,
+                            max_model_len=args.max_model_len)
     print(f"serving {model} at {endpoint.url}/v1 (POST /v1/chat/completions); Ctrl-C stops", flush=True)
     try:
         endpoint.wait()
@@ -441,6 +444,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="Address to listen on (default: 127.0.0.1).")
     p.add_argument("--port", type=int, default=8000, help="Port (default: 8000; 0 = any free port).")
     p.add_argument("--max-tokens", type=int, default=1024, help="Cap on a completion's tokens (default: 1024).")
+    p.add_argument("--max-model-len", type=int,
+                   help="Context length: a prompt of this many tokens or more is refused (HTTP 400), a completion "
+                   "is cut where prompt + completion reach it (default: the model's max_position_embeddings).")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda (default: auto).")
 
     p = _command(

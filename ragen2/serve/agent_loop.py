@@ -26,7 +26,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from ragen2.agent.backends import GenerationBackend, reuse_prefixes
+from ragen2.agent.backends import HFBackend, reuse_prefixes
 from ragen2.agent.rollout import RolloutStats
 from ragen2.agent.types import Trajectory
 from ragen2.config import AgentConfig, RolloutConfig
@@ -39,7 +39,7 @@ from ragen2.serve.traces import Episode, episode_trajectory
 class AgentRunner:
     """The endpoint and the agent function of a run; `play` runs one batch of episodes through them."""
 
-    def __init__(self, backend: GenerationBackend, tokenizer: PreTrainedTokenizerBase, rollout: RolloutConfig,
+    def __init__(self, backend: HFBackend, tokenizer: PreTrainedTokenizerBase, rollout: RolloutConfig,
                  agent: AgentConfig):
         self.function = load_entrypoint(agent.entrypoint)
         self.name = agent_name(agent.entrypoint)
@@ -47,7 +47,8 @@ class AgentRunner:
         self._live = 0
         self._live_lock = threading.Lock()
         self.batcher = Batcher(backend, agent.batch_wait_s, expected=lambda: self._live)
-        self.service = ChatService(tokenizer, self.batcher, Limits(rollout.max_tokens_per_turn, rollout.max_model_len))
+        limits = Limits.of(backend.model, rollout.max_tokens_per_turn, max_prompt_tokens=rollout.max_model_len)
+        self.service = ChatService(tokenizer, self.batcher, limits)
         self.endpoint = Endpoint(self.service, agent.host, agent.port)
         self.max_calls = rollout.max_turns
 

@@ -24,18 +24,31 @@ class RequestError(ValueError):
     """A request the endpoint cannot serve; answered with HTTP 400 and this message."""
 
 
+# The roles chat templates know. A template skips a message whose role it does not know, so an unknown role
+# would silently drop that message from the prompt: it is refused instead.
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
 def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """OpenAI chat messages as chat templates read them."""
+    """OpenAI chat messages as chat templates read them; `developer` (OpenAI's newer name for the system
+    message) becomes `system`."""
     if not isinstance(messages, list) or not messages:
         raise RequestError("`messages` must be a non-empty list of chat messages")
     out = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise RequestError(f"messages[{i}] must be an object with a string `role`")
+        if message["role"] not in ROLES:
+            raise RequestError(f"messages[{i}].role={message['role']!r:.60} is not a chat role: use one of "
+                               f"{', '.join(ROLES)}")
         message = dict(message)
+        message["role"] = "system" if message["role"] == "developer" else message["role"]
         message["content"] = _text(message.get("content"), i)
-        if message.get("tool_calls"):
-            message["tool_calls"] = [_template_tool_call(call, i) for call in message["tool_calls"]]
+        calls = message.get("tool_calls")
+        if calls:
+            if not isinstance(calls, list):
+                raise RequestError(f"messages[{i}].tool_calls must be a list of tool calls")
+            message["tool_calls"] = [_template_tool_call(call, i) for call in calls]
         out.append(message)
     return out
 
@@ -47,7 +60,9 @@ def _text(content: Any, i: int) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+        texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        if all(isinstance(t, str) for t in texts):
+            return "".join(texts)
     raise RequestError(f"messages[{i}].content must be a string, null or a list of text parts")
 
 
@@ -64,18 +79,41 @@ def _template_tool_call(call: dict[str, Any], i: int) -> dict[str, Any]:
     return {**call, "function": {"name": function["name"], "arguments": arguments}}
 
 
-def prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]],
-               tools: list[dict[str, Any]] | None) -> list[int]:
-    """The generation prompt of `messages` (with `tools`) under the tokenizer's chat template, as token ids."""
+def check_tools(tools: Any) -> list[dict[str, Any]] | None:
+    """The request's `tools`, refused unless each is a function tool with a name and (if any) a JSON-schema
+    object of parameters: a template renders whatever it is given, so a malformed tool would reach the policy."""
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise RequestError("`tools` must be a list of function tools")
+    for i, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) and tool.get("type") == "function" else None
+        if not (isinstance(function, dict) and isinstance(function.get("name"), str) and function["name"]
+                and isinstance(function.get("parameters", {}), dict)
+                and isinstance(function.get("description", ""), str)):
+            raise RequestError(f'tools[{i}] must be {{"type": "function", "function": {{"name": NAME, '
+                               '"description": TEXT, "parameters": {JSON schema object}}}')
+    return tools or None
+
+
+def prompt_text(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]],
+                tools: list[dict[str, Any]] | None) -> str:
+    """The generation prompt of `messages` (with `tools`) under the tokenizer's chat template."""
     try:
-        text = tokenizer.apply_chat_template(
-            template_messages(messages), tools=tools or None, add_generation_prompt=True, tokenize=False
+        return tokenizer.apply_chat_template(
+            template_messages(messages), tools=check_tools(tools), add_generation_prompt=True, tokenize=False
         )
     except RequestError:
         raise
     except Exception as e:  # a template that refuses the conversation (jinja raise_exception, a missing key)
         raise RequestError(f"the policy's chat template cannot render these messages: {type(e).__name__}: {e}") from e
-    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def token_bytes(tokenizer: PreTrainedTokenizerBase) -> int:
+    """A bound on the bytes of text one token stands for (the longest token's, plus one for the space a lone token
+    decodes without): a text of B bytes holds at least B // this many tokens, known without tokenizing it."""
+    texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))], skip_special_tokens=False)
+    return max(len(t.encode()) for t in texts) + 1
 
 
 def completion_reply(

@@ -11,15 +11,22 @@ log-probs must be those of the distribution the update assumes. Each call of an 
 from its own seeded stream, so an episode's tokens do not depend on which other calls share its batch.
 Not supported: `n` > 1 and streaming (answered with HTTP 400). `tool_choice` is not enforced: the
 policy decides whether to call a tool, as its template presents them.
+
+No request may hold up the others: a prompt that does not fit the model's context (`Limits`) is
+refused with HTTP 400 naming both lengths before it reaches the model, `max_tokens` is clamped to
+the room left, and a malformed request (unknown role, malformed tool, a field of the wrong type) is
+a 400 naming the field, never a 500 from inside generation.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +37,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ragen2.agent.tool_calls import parse_tool_calls
 from ragen2.serve.batcher import Batcher, Sampling
-from ragen2.serve.chat import RequestError, completion_reply, prompt_ids, template_messages
+from ragen2.serve.chat import RequestError, completion_reply, prompt_text, template_messages, token_bytes
 from ragen2.serve.traces import Call, Episode
 
 
@@ -39,12 +46,58 @@ class Limits:
     """What a request may ask for, and, while training, the sampling it gets whatever it asks."""
 
     max_tokens: int  # cap on a completion's tokens
-    max_prompt_tokens: int | None = None  # rollout.max_model_len: longer prompts are refused
+    max_prompt_tokens: int | None = None  # rollout.max_model_len: longer prompts are refused (the prompt alone)
+    max_model_len: int | None = None  # prompt + completion: the model's context; longer prompts are refused
+    max_model_len_from: str = "max_position_embeddings"  # what set max_model_len, named in refusals
     forced: Sampling | None = None  # training: every call samples with these settings
+
+    @classmethod
+    def of(cls, model: PreTrainedModel, max_tokens: int, max_model_len: int | None = None,
+           max_prompt_tokens: int | None = None) -> Limits:
+        """The limits of serving `model`: its context is its `max_position_embeddings`, or `max_model_len`
+        (`ragen2 serve --max-model-len`) when that is given."""
+        if max_model_len is not None:
+            return cls(max_tokens, max_prompt_tokens, max_model_len, "--max-model-len")
+        return cls(max_tokens, max_prompt_tokens, getattr(model.config, "max_position_embeddings", None))
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _integer(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+# The request fields the endpoint reads, each with its test and the words a refusal says. A value of another type
+# is refused here rather than failing later inside generation, where it would be a 500 (or, while training, stop
+# the run).
+FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "stream": (lambda v: v is False, "streaming is not supported: leave `stream` unset"),
+    "n": (lambda v: _integer(v) and v == 1, "one completion per request (n=1)"),
+    "max_tokens": (lambda v: _integer(v) and v >= 1, "use an integer >= 1"),
+    "max_completion_tokens": (lambda v: _integer(v) and v >= 1, "use an integer >= 1"),
+    "temperature": (lambda v: _number(v) and v >= 0, "use a number >= 0"),
+    "top_p": (lambda v: _number(v) and 0 < v <= 1, "use a number in (0, 1]"),
+    "seed": (lambda v: _integer(v) and -(2**63) <= v < 2**63, "use a 64-bit integer"),
+    "logprobs": (lambda v: isinstance(v, bool), "use true or false"),
+    "return_token_ids": (lambda v: isinstance(v, bool), "use true or false"),
+}
+
+
+def check_fields(body: Any) -> dict[str, Any]:
+    """`body`, refused (RequestError) unless it is a JSON object whose fields in `FIELDS` pass their tests."""
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object: a chat completion request")
+    for name, (ok, need) in FIELDS.items():
+        value = body.get(name)
+        if value is not None and not ok(value):
+            raise RequestError(f"{name}={value!r:.60} is not allowed: {need}")
+    return body
 
 
 class ChatService:
-    """The endpoint's logic, without HTTP: render, generate through the batcher, record, reply."""
+    """The endpoint's logic, without HTTP: check, render, generate through the batcher, record, reply."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, batcher: Batcher, limits: Limits,
                  model_name: str = "policy"):
@@ -55,6 +108,7 @@ class ChatService:
         self.episodes: dict[str, Episode] = {}
         self.backend_errors: list[BaseException] = []  # generation failures (not the client's fault)
         self._rng = random.Random()
+        self._token_bytes = token_bytes(tokenizer)
 
     async def complete(self, body: dict[str, Any], episode_id: str | None) -> dict[str, Any]:
         episode = None
@@ -62,23 +116,18 @@ class ChatService:
             episode = self.episodes.get(episode_id)
             if episode is None:
                 raise RequestError(f"no episode {episode_id!r} is running on this endpoint")
-        if body.get("stream"):
-            raise RequestError("streaming is not supported: leave `stream` unset")
-        if body.get("n", 1) != 1:
-            raise RequestError(f"n={body.get('n')} is not supported: one completion per request")
-        messages, tools = body.get("messages"), body.get("tools")
-        prompt = prompt_ids(self.tokenizer, messages, tools)
-        if self.limits.max_prompt_tokens is not None and len(prompt) > self.limits.max_prompt_tokens:
-            raise RequestError(f"the prompt is {len(prompt)} tokens, over rollout.max_model_len="
-                               f"{self.limits.max_prompt_tokens}: send a shorter conversation")
-        sampling = self._sampling(body)
+        body = check_fields(body)
+        messages = body.get("messages")
+        # Rendering and tokenizing a long prompt takes a while: on a thread, while the event loop serves the others.
+        prompt = await asyncio.to_thread(self._prompt, messages, body.get("tools"))
+        sampling = self._sampling(body, len(prompt))
         index = None if episode is None else episode.next_call()
         if episode is not None and index is None:
             raise RequestError(f"episode {episode_id} has made its rollout.max_turns={episode.max_calls} calls: "
                                "it is truncated there")
         seed = episode.seed_of(index) if episode is not None else None
         if seed is None:
-            seed = int(body["seed"]) if body.get("seed") is not None else self._rng.getrandbits(63)
+            seed = body["seed"] if body.get("seed") is not None else self._rng.getrandbits(63)
         try:
             out = await asyncio.wrap_future(self.batcher.submit(prompt, sampling, seed))
         except Exception as e:
@@ -94,20 +143,42 @@ class ChatService:
             texts = [self.tokenizer.decode([t], skip_special_tokens=False) for t in out.token_ids]
         return completion_reply(out, parsed, self.model_name, prompt, texts, bool(body.get("return_token_ids")))
 
-    def _sampling(self, body: dict[str, Any]) -> Sampling:
+    def _prompt(self, messages: Any, tools: Any) -> list[int]:
+        """The prompt's token ids, refused when over the limits. A text too long to fit is refused before it is
+        tokenized: tokenizing megabytes takes seconds and a gigabyte (3 million tokens: 5 s and +1 GB)."""
+        text = prompt_text(self.tokenizer, messages, tools)
+        self._check_length(len(text.encode()) // self._token_bytes, exact=False)
+        prompt = self.tokenizer.encode(text, add_special_tokens=False)
+        self._check_length(len(prompt), exact=True)
+        return prompt
+
+    def _check_length(self, tokens: int, exact: bool) -> None:
+        """Refuse a prompt of `tokens` tokens (`exact`, or at least that many) over the limits, before it reaches
+        the model: one prompt far beyond the context holds every other request up for minutes."""
+        count = str(tokens) if exact else f"at least {tokens}"
+        cap = self.limits.max_prompt_tokens
+        if cap is not None and tokens > cap:
+            raise RequestError(f"the prompt has {count} tokens, over rollout.max_model_len={cap}: "
+                               "send a shorter conversation")
+        context = self.limits.max_model_len
+        if context is not None and tokens >= context:
+            raise RequestError(f"This model's maximum context length is {context} tokens "
+                               f"({self.limits.max_model_len_from}), but the prompt has {count} tokens, which leaves "
+                               "no room for a completion: send a shorter conversation")
+
+    def _sampling(self, body: dict[str, Any], prompt_tokens: int) -> Sampling:
+        """The request's sampling (the run's while training). max_tokens is clamped, never refused: to the cap, and
+        to the context the prompt leaves, so a conversation near the limit still gets an answer (cut, "length")."""
         asked = body.get("max_completion_tokens") or body.get("max_tokens") or self.limits.max_tokens
-        if not isinstance(asked, int) or asked < 1:
-            raise RequestError(f"max_tokens={asked!r} is not allowed: use an integer >= 1")
         max_tokens = min(asked, self.limits.max_tokens)
+        if self.limits.max_model_len is not None:
+            max_tokens = min(max_tokens, self.limits.max_model_len - prompt_tokens)
         if self.limits.forced is not None:
             f = self.limits.forced
             return Sampling(max_tokens, f.temperature, f.top_p, f.top_k)
-        temperature, top_p = body.get("temperature", 1.0), body.get("top_p", 1.0)
-        if not (isinstance(temperature, (int, float)) and temperature >= 0 and isinstance(top_p, (int, float))
-                and 0 < top_p <= 1):
-            raise RequestError(f"temperature={temperature!r}, top_p={top_p!r}: "
-                               "need temperature >= 0 and 0 < top_p <= 1")
-        return Sampling(max_tokens, float(temperature), float(top_p))
+        temperature, top_p = body.get("temperature"), body.get("top_p")
+        return Sampling(max_tokens, 1.0 if temperature is None else float(temperature),
+                        1.0 if top_p is None else float(top_p))
 
 
 def create_app(service: ChatService) -> FastAPI:
@@ -149,13 +220,15 @@ def _error(status: int, message: str) -> JSONResponse:
 
 def serve_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, model_name: str | None,
                  host: str = "127.0.0.1", port: int = 8000, max_tokens: int = 1024,
-                 batch_wait_s: float = 0.05) -> Endpoint:
+                 batch_wait_s: float = 0.05, max_model_len: int | None = None) -> Endpoint:
     """An endpoint serving a loaded policy (`ragen2 serve`, which loads it: the models sit above the serving layer):
-    sampling as each request asks, nothing recorded; `model_name` is the id its replies give."""
+    sampling as each request asks, nothing recorded; `model_name` is the id its replies give. `max_model_len`
+    replaces the model's context length (`Limits.of`)."""
     from ragen2.agent.backends import HFBackend
 
     batcher = Batcher(HFBackend(model, tokenizer, stop_strings=()), batch_wait_s)
-    return Endpoint(ChatService(tokenizer, batcher, Limits(max_tokens), model_name=model_name), host, port)
+    limits = Limits.of(model, max_tokens, max_model_len)
+    return Endpoint(ChatService(tokenizer, batcher, limits, model_name=model_name), host, port)
 
 
 SHUTDOWN_GRACE_S = 5  # seconds in-flight requests get to finish when the endpoint closes

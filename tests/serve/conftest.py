@@ -1,4 +1,5 @@
-"""A tiny policy that calls tools in Qwen2.5's format, fine-tuned in seconds for the endpoint tests."""
+"""A tiny policy that calls tools in Qwen2.5's format, fine-tuned in seconds for the endpoint tests, and the endpoint
+serving it on loopback."""
 
 from __future__ import annotations
 
@@ -7,10 +8,14 @@ from pathlib import Path
 
 import lookup_agent
 import pytest
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from chat_templates import QWEN25_TOOLS
 from helpers import fine_tune
+from ragen2.agent.backends import HFBackend
 from ragen2.models.tiny import build_tokenizer
+from ragen2.serve.batcher import Batcher
+from ragen2.serve.endpoint import ChatService, Endpoint, Limits
 
 TOOL_CALL = '<tool_call>\n{"name": "lookup", "arguments": {"key": "a"}}\n</tool_call>'
 # Half right, so rewards vary within a group; with a reasoning block for the templates that drop it from the history.
@@ -53,3 +58,16 @@ def tool_policy(tool_tokenizer, tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("tool_policy")
     fine_tune(tokenizer, rows, steps=80, lr=3e-3, path=path)
     return path
+
+
+@pytest.fixture
+def served(tool_policy, one_thread):
+    """The tool policy behind a real endpoint on loopback (max 48 tokens a completion, its 4096-token context):
+    (endpoint, service, tokenizer)."""
+    model = AutoModelForCausalLM.from_pretrained(tool_policy)
+    tokenizer = AutoTokenizer.from_pretrained(tool_policy)
+    batcher = Batcher(HFBackend(model, tokenizer, stop_strings=()), wait_s=0.2)
+    service = ChatService(tokenizer, batcher, Limits.of(model, max_tokens=48))
+    with Endpoint(service) as endpoint:
+        yield endpoint, service, tokenizer
+    batcher.close()

@@ -11,25 +11,11 @@ import threading
 
 import openai
 import pytest
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import lookup_agent
-from ragen2.agent.backends import HFBackend
-from ragen2.serve.batcher import Batcher, Sampling
-from ragen2.serve.chat import prompt_ids
-from ragen2.serve.endpoint import ChatService, Endpoint, Limits
+from ragen2.serve.batcher import Sampling
+from ragen2.serve.chat import prompt_text
 from ragen2.serve.traces import Episode
-
-
-@pytest.fixture
-def served(tool_policy, one_thread):
-    model = AutoModelForCausalLM.from_pretrained(tool_policy)
-    tokenizer = AutoTokenizer.from_pretrained(tool_policy)
-    batcher = Batcher(HFBackend(model, tokenizer, stop_strings=()), wait_s=0.2)
-    service = ChatService(tokenizer, batcher, Limits(max_tokens=48))
-    with Endpoint(service) as endpoint:
-        yield endpoint, service, tokenizer
-    batcher.close()
 
 
 def test_tool_call_round_trip(served):
@@ -42,7 +28,8 @@ def test_tool_call_round_trip(served):
     assert choice.finish_reason == "tool_calls"
     assert [(c.function.name, c.function.arguments) for c in choice.message.tool_calls] == [("lookup", '{"key": "a"}')]
     # The prompt is the policy's template with the tools rendered; the ids are what was generated from.
-    assert reply.model_extra["prompt_token_ids"] == prompt_ids(tokenizer, messages, lookup_agent.TOOLS)
+    rendered = prompt_text(tokenizer, messages, lookup_agent.TOOLS)
+    assert reply.model_extra["prompt_token_ids"] == tokenizer.encode(rendered, add_special_tokens=False)
     assert '"name": "lookup"' in tokenizer.decode(reply.model_extra["prompt_token_ids"])
     ids = choice.model_extra["token_ids"]
     assert tokenizer.decode(ids, skip_special_tokens=True).startswith("<tool_call>")
@@ -91,15 +78,6 @@ def test_episode_calls_are_recorded_and_batched(served):
             model="policy", messages=lookup_agent.first_messages(0))
 
 
-def test_bad_requests_name_the_field(served):
-    endpoint, *_ = served
-    client = openai.OpenAI(base_url=f"{endpoint.url}/v1", api_key="x", max_retries=0)
-    with pytest.raises(openai.BadRequestError, match="n=2 is not supported"):
-        client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}], n=2)
-    with pytest.raises(openai.BadRequestError, match="`messages` must be a non-empty list"):
-        client.chat.completions.create(model="policy", messages=[])
-
-
 def _default_interrupt() -> None:
     """In the child: Ctrl-C as a shell gives it. A child inherits an ignored or blocked SIGINT from the process
     that starts it, and in the full suite `ragen2 serve` once sat through the SIGINT this test sends."""
@@ -108,9 +86,11 @@ def _default_interrupt() -> None:
 
 
 def test_serve_command_in_a_subprocess(tool_policy, tmp_path):
-    """`ragen2 serve MODEL --port 0`: an agent in another process calls it; Ctrl-C stops it cleanly."""
+    """`ragen2 serve MODEL --port 0 --max-model-len 2048`: an agent in another process calls it, a longer prompt
+    is refused; Ctrl-C stops it cleanly."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "ragen2", "serve", str(tool_policy), "--port", "0", "--device", "cpu"]
+    command = [sys.executable, "-m", "ragen2", "serve", str(tool_policy), "--port", "0", "--device", "cpu",
+               "--max-model-len", "2048"]
     # Its log goes to a file: a pipe nobody reads while the server runs can fill, and the server would block on it.
     log = tmp_path / "serve.log"
     with log.open("w") as err:
@@ -124,6 +104,9 @@ def test_serve_command_in_a_subprocess(tool_policy, tmp_path):
         reply = client.chat.completions.create(model="policy", messages=lookup_agent.first_messages(0),
                                                tools=lookup_agent.TOOLS, temperature=0)
         assert reply.choices[0].message.tool_calls[0].function.name == "lookup"
+        with pytest.raises(openai.BadRequestError, match=r"maximum context length is 2048 tokens \(--max-model-len\), "
+                           r"but the prompt has 21\d\d tokens"):
+            client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "a " * 2100}])
     finally:
         proc.send_signal(signal.SIGINT)
         try:
