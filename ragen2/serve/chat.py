@@ -16,7 +16,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from ragen2.agent.tool_calls import ParsedToolCalls
+from ragen2.agent.tool_calls import ParsedToolCalls, ToolCall
 from ragen2.agent.types import GenerationOutput
 
 
@@ -43,7 +43,7 @@ def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                f"{', '.join(ROLES)}")
         message = dict(message)
         message["role"] = "system" if message["role"] == "developer" else message["role"]
-        message["content"] = _text(message.get("content"), i)
+        message["content"] = content_text(message.get("content"), f"messages[{i}].content")
         calls = message.get("tool_calls")
         if calls:
             if not isinstance(calls, list):
@@ -53,17 +53,18 @@ def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _text(content: Any, i: int) -> str:
-    """A message's content as one string: None is "", a list of parts is their text joined."""
+def content_text(content: Any, field: str, parts: tuple[str, ...] = ("text",)) -> str:
+    """A content as one string: None is "", a list of parts (of the types `parts`) is their text joined. Other
+    parts (images, files) are refused, naming `field`: the policy reads text only."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        texts = [p.get("text") if isinstance(p, dict) and p.get("type") in parts else None for p in content]
         if all(isinstance(t, str) for t in texts):
             return "".join(texts)
-    raise RequestError(f"messages[{i}].content must be a string, null or a list of text parts")
+    raise RequestError(f"{field} must be a string, null or a list of {' or '.join(parts)} parts")
 
 
 def _template_tool_call(call: dict[str, Any], i: int) -> dict[str, Any]:
@@ -79,9 +80,14 @@ def _template_tool_call(call: dict[str, Any], i: int) -> dict[str, Any]:
     return {**call, "function": {"name": function["name"], "arguments": arguments}}
 
 
-def check_tools(tools: Any) -> list[dict[str, Any]] | None:
-    """The request's `tools`, refused unless each is a function tool with a name and (if any) a JSON-schema
-    object of parameters: a template renders whatever it is given, so a malformed tool would reach the policy."""
+# A chat function tool, as a refusal of a malformed one spells it.
+CHAT_TOOL = '{"type": "function", "function": {"name": NAME, "description": TEXT, "parameters": {JSON schema object}}}'
+
+
+def check_tools(tools: Any, shape: str = CHAT_TOOL) -> list[dict[str, Any]] | None:
+    """The request's `tools` (chat-style), refused unless each is a function tool with a name and (if any) a
+    JSON-schema object of parameters: a template renders whatever it is given, so a malformed tool would reach
+    the policy. `shape` is how the refusal spells a tool: the route's own format (the Responses API's differs)."""
     if tools is None:
         return None
     if not isinstance(tools, list):
@@ -91,17 +97,17 @@ def check_tools(tools: Any) -> list[dict[str, Any]] | None:
         if not (isinstance(function, dict) and isinstance(function.get("name"), str) and function["name"]
                 and isinstance(function.get("parameters", {}), dict)
                 and isinstance(function.get("description", ""), str)):
-            raise RequestError(f'tools[{i}] must be {{"type": "function", "function": {{"name": NAME, '
-                               '"description": TEXT, "parameters": {JSON schema object}}}')
+            raise RequestError(f"tools[{i}] must be {shape}")
     return tools or None
 
 
 def prompt_text(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]],
                 tools: list[dict[str, Any]] | None) -> str:
-    """The generation prompt of `messages` (with `tools`) under the tokenizer's chat template."""
+    """The generation prompt of `messages` (with `tools`, checked by `check_tools`) under the tokenizer's chat
+    template."""
     try:
         return tokenizer.apply_chat_template(
-            template_messages(messages), tools=check_tools(tools), add_generation_prompt=True, tokenize=False
+            template_messages(messages), tools=tools, add_generation_prompt=True, tokenize=False
         )
     except RequestError:
         raise
@@ -116,25 +122,36 @@ def token_bytes(tokenizer: PreTrainedTokenizerBase) -> int:
     return max(len(t.encode()) for t in texts) + 1
 
 
+def reply_parts(out: GenerationOutput, parsed: ParsedToolCalls) -> tuple[str | None, list[ToolCall]]:
+    """A generation as a reply, on every route: its text and its tool calls. Well-formed calls leave the text
+    around them (None when there is none); when a block does not parse, the whole text is the reply and there
+    are no calls, so a malformed call reaches the agent as text rather than being lost."""
+    if parsed.valid and parsed.calls:
+        return parsed.content or None, parsed.calls
+    return out.text, []
+
+
+def call_id() -> str:
+    """A fresh tool call id, shaped as OpenAI's."""
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
 def completion_reply(
     out: GenerationOutput, parsed: ParsedToolCalls, model: str, prompt: list[int], token_texts: list[str] | None,
     return_token_ids: bool,
 ) -> dict[str, Any]:
-    """An OpenAI `chat.completion` object for one generation.
+    """An OpenAI `chat.completion` object for one generation (its text and calls as `reply_parts` splits them).
 
-    Well-formed tool calls become `tool_calls` and leave the text around them as `content`;
-    when a block does not parse, the whole text is the content and there are no calls.
     `token_texts` (one per generated token) adds `logprobs`; `return_token_ids` adds
     `prompt_token_ids` and the choice's `token_ids`, as vLLM names them.
     """
-    message: dict[str, Any] = {"role": "assistant", "content": out.text}
+    content, calls = reply_parts(out, parsed)
+    message: dict[str, Any] = {"role": "assistant", "content": content}
     finish = out.finish_reason
-    if parsed.valid and parsed.calls:
-        message["content"] = parsed.content or None
+    if calls:
         message["tool_calls"] = [
-            {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-             "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
-            for c in parsed.calls
+            {"id": call_id(), "type": "function", "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
+            for c in calls
         ]
         finish = "tool_calls" if finish == "stop" else finish
     choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}

@@ -1,4 +1,5 @@
-"""An OpenAI-compatible endpoint serving the current policy: `POST /v1/chat/completions`, tools included.
+"""An OpenAI-compatible endpoint serving the current policy: `POST /v1/chat/completions` and
+`POST /v1/responses` (`ragen2.serve.responses`), tools included, streamed or not.
 
 Each agent episode gets a base URL of its own, `http://HOST:PORT/episodes/<id>/v1`, so the calls
 an unmodified `openai` client makes are recorded against their episode (the token ids of prompt
@@ -9,8 +10,9 @@ While training, the run's sampling settings win over the request's (`rollout.tem
 `top_p`, `top_k`; `max_tokens` is capped at `rollout.max_tokens_per_turn`): the recorded
 log-probs must be those of the distribution the update assumes. Each call of an episode samples
 from its own seeded stream, so an episode's tokens do not depend on which other calls share its batch.
-Not supported: `n` > 1 and streaming (answered with HTTP 400). `tool_choice` is not enforced: the
-policy decides whether to call a tool, as its template presents them.
+Not supported: `n` > 1 (answered with HTTP 400). `stream` sends the finished reply as server-sent
+events (`ragen2.serve.streaming`). `tool_choice` is not enforced: the policy decides whether to
+call a tool, as its template presents them.
 
 No request may hold up the others: a prompt that does not fit the model's context (`Limits`) is
 refused with HTTP 400 naming both lengths before it reaches the model, `max_tokens` is clamped to
@@ -26,18 +28,22 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ragen2.agent.tool_calls import parse_tool_calls
+from ragen2.agent.tool_calls import ParsedToolCalls, parse_tool_calls
+from ragen2.agent.types import GenerationOutput
 from ragen2.serve.batcher import Batcher, Sampling
-from ragen2.serve.chat import RequestError, completion_reply, prompt_text, template_messages, token_bytes
+from ragen2.serve.chat import (RequestError, check_tools, completion_reply, prompt_text, reply_parts,
+                               template_messages, token_bytes)
+from ragen2.serve.responses import request_messages, request_tools, response_object
+from ragen2.serve.streaming import chat_chunks, response_events, sse, text_pieces
 from ragen2.serve.traces import Call, Episode
 
 
@@ -71,33 +77,59 @@ def _integer(v: Any) -> bool:
 
 # The request fields the endpoint reads, each with its test and the words a refusal says. A value of another type
 # is refused here rather than failing later inside generation, where it would be a 500 (or, while training, stop
-# the run).
+# the run). FIELDS are read on both routes, CHAT_FIELDS and RESPONSES_FIELDS add each route's own.
 FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "stream": (lambda v: v is False, "streaming is not supported: leave `stream` unset"),
-    "n": (lambda v: _integer(v) and v == 1, "one completion per request (n=1)"),
-    "max_tokens": (lambda v: _integer(v) and v >= 1, "use an integer >= 1"),
-    "max_completion_tokens": (lambda v: _integer(v) and v >= 1, "use an integer >= 1"),
+    "stream": (lambda v: isinstance(v, bool), "use true or false"),
     "temperature": (lambda v: _number(v) and v >= 0, "use a number >= 0"),
     "top_p": (lambda v: _number(v) and 0 < v <= 1, "use a number in (0, 1]"),
     "seed": (lambda v: _integer(v) and -(2**63) <= v < 2**63, "use a 64-bit integer"),
-    "logprobs": (lambda v: isinstance(v, bool), "use true or false"),
     "return_token_ids": (lambda v: isinstance(v, bool), "use true or false"),
+}
+CHAT_FIELDS = FIELDS | {
+    "n": (lambda v: _integer(v) and v == 1, "one completion per request (n=1)"),
+    "max_tokens": (lambda v: _integer(v) and v >= 1, "use an integer >= 1"),
+    "max_completion_tokens": (lambda v: _integer(v) and v >= 1, "use an integer >= 1"),
+    "logprobs": (lambda v: isinstance(v, bool), "use true or false"),
+    "stream_options": (lambda v: isinstance(v, dict) and isinstance(v.get("include_usage", False), bool),
+                       'use {"include_usage": true or false}'),
+}
+# Nothing is stored (a request carries its whole conversation), so the fields that point at stored state are
+# refused and `store` is accepted and ignored.
+STATELESS = "this endpoint stores no responses or conversations: send the whole conversation as `input`"
+RESPONSES_FIELDS = FIELDS | {
+    "max_output_tokens": (lambda v: _integer(v) and v >= 1, "use an integer >= 1"),
+    "instructions": (lambda v: isinstance(v, str), "use a string"),
+    "store": (lambda v: isinstance(v, bool), "use true or false"),
+    "previous_response_id": (lambda v: False, STATELESS),
+    "conversation": (lambda v: False, STATELESS),
 }
 
 
-def check_fields(body: Any) -> dict[str, Any]:
-    """`body`, refused (RequestError) unless it is a JSON object whose fields in `FIELDS` pass their tests."""
+def check_fields(body: Any, fields: dict[str, tuple[Callable[[Any], bool], str]], what: str) -> dict[str, Any]:
+    """`body`, refused (RequestError) unless it is a JSON object (`what`) whose `fields` pass their tests."""
     if not isinstance(body, dict):
-        raise RequestError("the request body must be a JSON object: a chat completion request")
-    for name, (ok, need) in FIELDS.items():
+        raise RequestError(f"the request body must be a JSON object: {what}")
+    for name, (ok, need) in fields.items():
         value = body.get(name)
         if value is not None and not ok(value):
             raise RequestError(f"{name}={value!r:.60} is not allowed: {need}")
     return body
 
 
+@dataclass
+class Served:
+    """One call as it was served (and, in an episode, recorded)."""
+
+    prompt: list[int]
+    out: GenerationOutput
+    parsed: ParsedToolCalls
+    sampling: Sampling
+
+
 class ChatService:
-    """The endpoint's logic, without HTTP: check, render, generate through the batcher, record, reply."""
+    """The endpoint's logic, without HTTP: check, render, generate through the batcher, record, reply. Both routes
+    (chat completions, Responses) turn their request into chat messages and tools and `serve` them, so a call is
+    limited, sampled, recorded and trained the same way whichever route it came by."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, batcher: Batcher, limits: Limits,
                  model_name: str = "policy"):
@@ -110,17 +142,44 @@ class ChatService:
         self._rng = random.Random()
         self._token_bytes = token_bytes(tokenizer)
 
-    async def complete(self, body: dict[str, Any], episode_id: str | None) -> dict[str, Any]:
+    async def complete(self, body: Any, episode_id: str | None) -> dict[str, Any] | Iterator[str]:
+        """`POST /v1/chat/completions`: a `chat.completion`, or with `stream` its chunks as server-sent events."""
+        body = check_fields(body, CHAT_FIELDS, "a chat completion request")
+        asked = body.get("max_completion_tokens") or body.get("max_tokens")
+        served = await self.serve(body.get("messages"), check_tools(body.get("tools")), asked, body, episode_id)
+        texts = None
+        if body.get("logprobs"):
+            texts = [self.tokenizer.decode([t], skip_special_tokens=False) for t in served.out.token_ids]
+        reply = completion_reply(served.out, served.parsed, self.model_name, served.prompt, texts,
+                                 bool(body.get("return_token_ids")))
+        if not body.get("stream"):
+            return reply
+        usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        return sse(chat_chunks(reply, await self._pieces(served), usage), done=True)
+
+    async def respond(self, body: Any, episode_id: str | None) -> dict[str, Any] | Iterator[str]:
+        """`POST /v1/responses`: a `response`, or with `stream` its typed events as server-sent events."""
+        body = check_fields(body, RESPONSES_FIELDS, "a Responses API request")
+        messages, tools = request_messages(body), request_tools(body.get("tools"))
+        served = await self.serve(messages, tools, body.get("max_output_tokens"), body, episode_id)
+        response = response_object(served.out, served.parsed, self.model_name, served.prompt, body, served.sampling,
+                                   bool(body.get("return_token_ids")))
+        if not body.get("stream"):
+            return response
+        return sse(response_events(response, await self._pieces(served)), done=False)
+
+    async def serve(self, messages: Any, tools: list[dict[str, Any]] | None, max_tokens: int | None,
+                    body: dict[str, Any], episode_id: str | None) -> Served:
+        """Render `messages` and `tools`, generate (sampling as `body` asks, within the limits; the run's while
+        training) and record the call in its episode."""
         episode = None
         if episode_id is not None:
             episode = self.episodes.get(episode_id)
             if episode is None:
                 raise RequestError(f"no episode {episode_id!r} is running on this endpoint")
-        body = check_fields(body)
-        messages = body.get("messages")
         # Rendering and tokenizing a long prompt takes a while: on a thread, while the event loop serves the others.
-        prompt = await asyncio.to_thread(self._prompt, messages, body.get("tools"))
-        sampling = self._sampling(body, len(prompt))
+        prompt = await asyncio.to_thread(self._prompt, messages, tools)
+        sampling = self._sampling(max_tokens, body, len(prompt))
         index = None if episode is None else episode.next_call()
         if episode is not None and index is None:
             raise RequestError(f"episode {episode_id} has made its rollout.max_turns={episode.max_calls} calls: "
@@ -138,10 +197,13 @@ class ChatService:
             last = template_messages(messages)[-1]["content"]
             episode.record(Call(prompt, list(out.token_ids), list(out.logprobs or []), out.text, out.finish_reason,
                                 parsed, last))
-        texts = None
-        if body.get("logprobs"):
-            texts = [self.tokenizer.decode([t], skip_special_tokens=False) for t in out.token_ids]
-        return completion_reply(out, parsed, self.model_name, prompt, texts, bool(body.get("return_token_ids")))
+        return Served(prompt, out, parsed, sampling)
+
+    async def _pieces(self, served: Served) -> list[tuple[str, int]]:
+        """The reply's text in streaming pieces (a long completion takes a while to decode token by token: on a
+        thread, as rendering is)."""
+        text = reply_parts(served.out, served.parsed)[0]
+        return await asyncio.to_thread(text_pieces, self.tokenizer, served.out, text or "")
 
     def _prompt(self, messages: Any, tools: Any) -> list[int]:
         """The prompt's token ids, refused when over the limits. A text too long to fit is refused before it is
@@ -166,11 +228,11 @@ class ChatService:
                                f"({self.limits.max_model_len_from}), but the prompt has {count} tokens, which leaves "
                                "no room for a completion: send a shorter conversation")
 
-    def _sampling(self, body: dict[str, Any], prompt_tokens: int) -> Sampling:
-        """The request's sampling (the run's while training). max_tokens is clamped, never refused: to the cap, and
-        to the context the prompt leaves, so a conversation near the limit still gets an answer (cut, "length")."""
-        asked = body.get("max_completion_tokens") or body.get("max_tokens") or self.limits.max_tokens
-        max_tokens = min(asked, self.limits.max_tokens)
+    def _sampling(self, asked: int | None, body: dict[str, Any], prompt_tokens: int) -> Sampling:
+        """The request's sampling (the run's while training). The `asked` tokens are clamped, never refused: to the
+        cap, and to the context the prompt leaves, so a conversation near the limit still gets an answer (cut,
+        "length")."""
+        max_tokens = min(asked or self.limits.max_tokens, self.limits.max_tokens)
         if self.limits.max_model_len is not None:
             max_tokens = min(max_tokens, self.limits.max_model_len - prompt_tokens)
         if self.limits.forced is not None:
@@ -182,28 +244,36 @@ class ChatService:
 
 
 def create_app(service: ChatService) -> FastAPI:
-    """The HTTP routes over `service`."""
+    """The HTTP routes over `service`: each API at `/v1` (nothing recorded) and at an episode's `/episodes/<id>/v1`."""
     app = FastAPI(title="ragen2 policy endpoint")
 
-    async def answer(request: Request, episode_id: str | None) -> JSONResponse:
+    async def answer(request: Request, serve: Callable[..., Any], episode_id: str | None) -> Response:
         try:
             body = await request.json()
         except ValueError:
             return _error(400, "the request body is not JSON")
         try:
-            return JSONResponse(await service.complete(body, episode_id))
+            reply = await serve(body, episode_id)
         except RequestError as e:
             return _error(400, str(e))
         except Exception as e:  # generation failed: the trainer re-raises it (ChatService.backend_errors)
             return _error(500, f"generation failed: {type(e).__name__}: {e}")
+        if isinstance(reply, dict):
+            return JSONResponse(reply)
+        return StreamingResponse(reply, media_type="text/event-stream")
 
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> JSONResponse:
-        return await answer(request, None)
+    def add(path: str, serve: Callable[..., Any]) -> None:
+        async def plain(request: Request) -> Response:
+            return await answer(request, serve, None)
 
-    @app.post("/episodes/{episode_id}/v1/chat/completions")
-    async def episode_chat(episode_id: str, request: Request) -> JSONResponse:
-        return await answer(request, episode_id)
+        async def episode(episode_id: str, request: Request) -> Response:
+            return await answer(request, serve, episode_id)
+
+        app.post(f"/v1/{path}")(plain)
+        app.post(f"/episodes/{{episode_id}}/v1/{path}")(episode)
+
+    add("chat/completions", service.complete)
+    add("responses", service.respond)
 
     @app.get("/v1/models")
     @app.get("/episodes/{episode_id}/v1/models")

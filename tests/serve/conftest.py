@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import lookup_agent
+import openai
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -71,3 +72,16 @@ def served(tool_policy, one_thread):
     with Endpoint(service) as endpoint:
         yield endpoint, service, tokenizer
     batcher.close()
+
+
+@pytest.fixture
+def client(served):
+    """An `openai.OpenAI` on the served endpoint's `/v1` that records the HTTP status of every answer: the test
+    fails if any was an error, so a good request answered with a 4xx or 5xx cannot pass unseen."""
+    endpoint = served[0]
+    statuses: list[int] = []
+    http = openai.DefaultHttpxClient(event_hooks={"response": [lambda r: statuses.append(r.status_code)]})
+    client = openai.OpenAI(base_url=f"{endpoint.url}/v1", api_key="x", max_retries=0, timeout=60, http_client=http)
+    yield client
+    client.close()
+    assert statuses and all(status < 400 for status in statuses), f"HTTP statuses: {statuses}"
