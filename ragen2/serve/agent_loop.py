@@ -2,10 +2,10 @@
 
 FUNCTION(client, seed) runs one episode of the user's own agent and returns its reward. It is
 called with an `openai.OpenAI` client (an `openai.AsyncOpenAI` one for an `async def`) whose
-base URL is this episode's address on ragen2's endpoint, so every chat completion it asks for is
-sampled from the current policy and recorded. Episodes with the same seed form a group. All
-episodes of a batch run at once (threads for plain functions, one event loop for async ones) and
-the endpoint batches their requests.
+base URL is this episode's address on ragen2's endpoint, so every call it makes (chat completions
+or the Responses API, streamed or not) is sampled from the current policy and recorded. Episodes
+with the same seed form a group. All episodes of a batch run at once (threads for plain functions,
+one event loop for async ones) and the endpoint batches their requests.
 
 An episode whose function raises trains on the calls it made, with reward 0 and
 `Trajectory.error` set, as an environment that fails does in the rollout loop; when every

@@ -26,7 +26,7 @@ from ragen2.agent.types import Trajectory, Turn
 
 @dataclass
 class Call:
-    """One chat completion an episode asked for, as served."""
+    """One call an episode made (a chat completion or a response, streamed or not), as served."""
 
     prompt_ids: list[int]
     completion_ids: list[int]
