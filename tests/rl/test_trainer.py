@@ -251,7 +251,8 @@ def test_short_run_writes_the_run_directory(policy_dir, tmp_path):
         assert step2.get(key) is not None, key
     lines = [json.loads(line) for line in (run_dir / "rollouts" / "step_2.jsonl").read_text().splitlines()]
     assert {r["episode"] for r in lines} == {0, 1}
-    assert set(lines[0]) == {"group", "prompt", "reasoning", "response", "reward", "episode", "turn"}
+    assert set(lines[0]) == {"group", "prompt", "reasoning", "response", "reward", "episode", "turn", "role",
+                             "prompt_ids", "response_ids", "reasoning_span", "logprobs", "tokenizer"}
     assert lines[0]["prompt"].endswith("<think>")
     assert "run dir" in summary and str(run_dir) in summary and "2 / 2" in summary
 
