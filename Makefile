@@ -17,7 +17,7 @@ export SMOLLM2_PINS
 $(BIN)/ragen2: pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test,trl,textarena,textworld,agents]' $$($(BIN)/python -c "$$SMOLLM2_PINS" with)
+	$(BIN)/pip install -q -e '.[test,trl,textarena,textworld,agents,agent-frameworks]' $$($(BIN)/python -c "$$SMOLLM2_PINS" with)
 	$(BIN)/pip install -q --no-deps $$($(BIN)/python -c "$$SMOLLM2_PINS" without)
 	touch $(BIN)/ragen2
 

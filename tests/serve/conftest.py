@@ -12,30 +12,11 @@ import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from chat_templates import QWEN25_TOOLS
-from helpers import fine_tune
+from lookup_policy import ANSWERS, TOOL_CALL, conversations, fit_policy
 from ragen2.agent.backends import HFBackend
 from ragen2.models.tiny import build_tokenizer
 from ragen2.serve.batcher import Batcher
 from ragen2.serve.endpoint import ChatService, Endpoint, Limits
-
-TOOL_CALL = '<tool_call>\n{"name": "lookup", "arguments": {"key": "a"}}\n</tool_call>'
-# Half right, so rewards vary within a group; with a reasoning block for the templates that drop it from the history.
-ANSWERS = ["<think>I looked a up.</think>The value is 7.", "<think>I looked a up.</think>The value is 3."]
-
-
-def conversations(tokenizer) -> list[tuple[str, str]]:
-    """(prompt text, completion text) pairs of the lookup agent's two calls, for a few seeds."""
-    pairs = []
-    for seed in range(3):
-        messages = lookup_agent.first_messages(seed)
-        render = lambda m: tokenizer.apply_chat_template(  # noqa: E731
-            m, tools=lookup_agent.TOOLS, add_generation_prompt=True, tokenize=False)
-        pairs.append((render(messages), TOOL_CALL + "<|im_end|>"))
-        call = {"id": "call_0", "type": "function", "function": {"name": "lookup", "arguments": {"key": "a"}}}
-        messages = messages + [{"role": "assistant", "content": "", "tool_calls": [call]},
-                               {"role": "tool", "tool_call_id": "call_0", "content": "7"}]
-        pairs += [(render(messages), answer + "<|im_end|>") for answer in ANSWERS]
-    return pairs
 
 
 @pytest.fixture(scope="session")
@@ -50,15 +31,7 @@ def tool_tokenizer():
 @pytest.fixture(scope="session")
 def tool_policy(tool_tokenizer, tmp_path_factory) -> Path:
     """A directory holding a tiny Qwen2 policy that calls `lookup` first, then answers."""
-    tokenizer = tool_tokenizer
-    rows = []
-    for prompt, completion in conversations(tokenizer):
-        p = tokenizer.encode(prompt, add_special_tokens=False)
-        c = tokenizer.encode(completion, add_special_tokens=False)
-        rows.append((p + c, [-100] * len(p) + c))
-    path = tmp_path_factory.mktemp("tool_policy")
-    fine_tune(tokenizer, rows, steps=80, lr=3e-3, path=path)
-    return path
+    return fit_policy(tool_tokenizer, conversations(tool_tokenizer), tmp_path_factory.mktemp("tool_policy"))
 
 
 @pytest.fixture
