@@ -12,7 +12,8 @@ log-probs must be those of the distribution the update assumes. Each call of an 
 from its own seeded stream, so an episode's tokens do not depend on which other calls share its batch.
 Not supported: `n` > 1 (answered with HTTP 400). `stream` sends the finished reply as server-sent
 events (`ragen2.serve.streaming`). `tool_choice` is not enforced: the policy decides whether to
-call a tool, as its template presents them.
+call a tool, as its template presents them. `stop` is not applied, and fields the endpoint does not
+read are ignored, so frameworks' requests (docs/agents.md, "Frameworks tested") are served as sent.
 
 No request may hold up the others: a prompt that does not fit the model's context (`Limits`) is
 refused with HTTP 400 naming both lengths before it reaches the model, `max_tokens` is clamped to
