@@ -179,7 +179,7 @@ def write_rollout_records(path: Path, trajectories: list[Trajectory], tokenizer:
                     "reward": turn.reward,
                     "episode": episode,
                     "turn": turn_index,
-                    "role": None,  # agent calls carry no role yet
+                    "role": turn.role,
                     "prompt_ids": list(turn.prompt_ids),
                     "response_ids": list(turn.response_ids),
                     "reasoning_span": list(turn.reasoning_span),

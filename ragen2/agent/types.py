@@ -36,6 +36,9 @@ class Turn:
     # The weights' version that generated it (ragen2.rl.rollout_stage.rollout_phase): with partial rollouts
     # (async.partial_rollouts) later turns of an episode may come from newer weights than its first.
     policy_version: int = 0
+    # Agent loops: which of the agent's parts made this call (ragen2.serve.endpoint); agent.train_roles trains
+    # some roles only. None in ragen2's own rollout loop.
+    role: str | None = None
 
 
 @dataclass

@@ -555,6 +555,11 @@ class AgentConfig:
     request_timeout_s: float = _f(600.0, "The agent's client gives up on a request after this many seconds.")
     host: str = _f("127.0.0.1", "Address the endpoint listens on.")
     port: int = _f(0, "Port the endpoint listens on; 0 takes a free one.")
+    train_roles: list[str] | None = _f(
+        None, "The roles whose calls train (docs/agents.md, \"Roles\"): a call's role is its X-Ragen2-Role header, "
+        "else the request's model field. Calls of other roles are served, recorded and count toward "
+        "rollout.max_turns, with zero loss weight. null or [] = every call trains.",
+    )
 
 
 @dataclass

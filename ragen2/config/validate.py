@@ -74,6 +74,9 @@ def validate(config: Config) -> None:
     """Refuse settings that cannot work, with the reason, before any work starts."""
     if config.agent.entrypoint is not None:
         _validate_agent(config)
+    elif config.agent.train_roles:
+        raise ConfigError(f"agent.train_roles={config.agent.train_roles} chooses which calls of an agent loop train: "
+                          "set agent.entrypoint, or leave it null")
     else:
         _validate_env(config)
     _validate_async(config)
@@ -339,6 +342,9 @@ def _validate_agent(config: Config) -> None:
     if not (g.batch_wait_s >= 0 and g.request_timeout_s > 0 and 0 <= g.port <= 65535):
         raise ConfigError(f"agent.batch_wait_s={g.batch_wait_s}, agent.request_timeout_s={g.request_timeout_s}, "
                           f"agent.port={g.port}: need a wait >= 0 s, a timeout > 0 s and a port in 0..65535")
+    if any(not r.strip() for r in g.train_roles or []):
+        raise ConfigError(f"agent.train_roles={g.train_roles}: list role names, non-empty strings "
+                          "(the X-Ragen2-Role header or model field of the calls to train)")
     if is_mixture(config):
         raise ConfigError("agent.entrypoint runs the agent's own loop, not ragen2's environments: "
                           "leave env.mixture and env.eval unset")

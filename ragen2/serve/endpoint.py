@@ -19,6 +19,10 @@ No request may hold up the others: a prompt that does not fit the model's contex
 refused with HTTP 400 naming both lengths before it reaches the model, `max_tokens` is clamped to
 the room left, and a malformed request (unknown role, malformed tool, a field of the wrong type) is
 a 400 naming the field, never a 500 from inside generation.
+
+A call's role (docs/agents.md, "Roles") is its `X-Ragen2-Role` header, else the request's `model`: agents
+sharing the policy in one episode say which of them made each call, and `agent.train_roles` picks the
+roles that train. The role is recorded with the call; it changes nothing in how the call is served.
 """
 
 from __future__ import annotations
@@ -46,6 +50,9 @@ from ragen2.serve.chat import (RequestError, check_tools, completion_reply, prom
 from ragen2.serve.responses import request_messages, request_tools, response_object
 from ragen2.serve.streaming import chat_chunks, response_events, sse, text_pieces
 from ragen2.serve.traces import Call, Episode
+
+
+ROLE_HEADER = "X-Ragen2-Role"
 
 
 @dataclass
@@ -80,6 +87,7 @@ def _integer(v: Any) -> bool:
 # is refused here rather than failing later inside generation, where it would be a 500 (or, while training, stop
 # the run). FIELDS are read on both routes, CHAT_FIELDS and RESPONSES_FIELDS add each route's own.
 FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "model": (lambda v: isinstance(v, str), "use a string (the served model's id, or a role)"),
     "stream": (lambda v: isinstance(v, bool), "use true or false"),
     "temperature": (lambda v: _number(v) and v >= 0, "use a number >= 0"),
     "top_p": (lambda v: _number(v) and 0 < v <= 1, "use a number in (0, 1]"),
@@ -143,11 +151,13 @@ class ChatService:
         self._rng = random.Random()
         self._token_bytes = token_bytes(tokenizer)
 
-    async def complete(self, body: Any, episode_id: str | None) -> dict[str, Any] | Iterator[str]:
+    async def complete(self, body: Any, episode_id: str | None,
+                       role: str | None = None) -> dict[str, Any] | Iterator[str]:
         """`POST /v1/chat/completions`: a `chat.completion`, or with `stream` its chunks as server-sent events."""
         body = check_fields(body, CHAT_FIELDS, "a chat completion request")
         asked = body.get("max_completion_tokens") or body.get("max_tokens")
-        served = await self.serve(body.get("messages"), check_tools(body.get("tools")), asked, body, episode_id)
+        served = await self.serve(body.get("messages"), check_tools(body.get("tools")), asked, body, episode_id,
+                                  role)
         texts = None
         if body.get("logprobs"):
             texts = [self.tokenizer.decode([t], skip_special_tokens=False) for t in served.out.token_ids]
@@ -158,11 +168,12 @@ class ChatService:
         usage = bool((body.get("stream_options") or {}).get("include_usage"))
         return sse(chat_chunks(reply, await self._pieces(served), usage), done=True)
 
-    async def respond(self, body: Any, episode_id: str | None) -> dict[str, Any] | Iterator[str]:
+    async def respond(self, body: Any, episode_id: str | None,
+                      role: str | None = None) -> dict[str, Any] | Iterator[str]:
         """`POST /v1/responses`: a `response`, or with `stream` its typed events as server-sent events."""
         body = check_fields(body, RESPONSES_FIELDS, "a Responses API request")
         messages, tools = request_messages(body), request_tools(body.get("tools"))
-        served = await self.serve(messages, tools, body.get("max_output_tokens"), body, episode_id)
+        served = await self.serve(messages, tools, body.get("max_output_tokens"), body, episode_id, role)
         response = response_object(served.out, served.parsed, self.model_name, served.prompt, body, served.sampling,
                                    bool(body.get("return_token_ids")))
         if not body.get("stream"):
@@ -170,9 +181,9 @@ class ChatService:
         return sse(response_events(response, await self._pieces(served)), done=False)
 
     async def serve(self, messages: Any, tools: list[dict[str, Any]] | None, max_tokens: int | None,
-                    body: dict[str, Any], episode_id: str | None) -> Served:
+                    body: dict[str, Any], episode_id: str | None, role: str | None = None) -> Served:
         """Render `messages` and `tools`, generate (sampling as `body` asks, within the limits; the run's while
-        training) and record the call in its episode."""
+        training) and record the call in its episode, as `role` (the header's), else as `body`'s model."""
         episode = None
         if episode_id is not None:
             episode = self.episodes.get(episode_id)
@@ -197,7 +208,7 @@ class ChatService:
         if episode is not None:
             last = template_messages(messages)[-1]["content"]
             episode.record(Call(prompt, list(out.token_ids), list(out.logprobs or []), out.text, out.finish_reason,
-                                parsed, last))
+                                parsed, last, role or body.get("model")))
         return Served(prompt, out, parsed, sampling)
 
     async def _pieces(self, served: Served) -> list[tuple[str, int]]:
@@ -254,7 +265,7 @@ def create_app(service: ChatService) -> FastAPI:
         except ValueError:
             return _error(400, "the request body is not JSON")
         try:
-            reply = await serve(body, episode_id)
+            reply = await serve(body, episode_id, request.headers.get(ROLE_HEADER) or None)
         except RequestError as e:
             return _error(400, str(e))
         except Exception as e:  # generation failed: the trainer re-raises it (ChatService.backend_errors)

@@ -35,6 +35,7 @@ class Call:
     finish_reason: str
     tools: ParsedToolCalls
     observation: str  # the last message of the request: what this call answers
+    role: str | None = None  # who in the agent made it: the X-Ragen2-Role header, else the request's model
 
 
 @dataclass
@@ -115,6 +116,7 @@ def episode_trajectory(
             format_valid=call.tools.valid, actions_valid=call.tools.valid,
             reward=reward if k == len(episode.calls) - 1 else 0.0, observation=call.observation,
             logprobs=list(call.logprobs) if len(call.logprobs) == len(call.completion_ids) else None,
+            role=call.role,
         ))
     traj.samples = call_samples(episode.calls)
     traj.episode_return = reward
