@@ -26,6 +26,7 @@ from ragen2.rl.advantages import (
     turn_ends,
     turn_values_to_tokens,
 )
+from ragen2.errors import Ragen2Error
 from ragen2.rl.batch import Batch, build_batch
 from ragen2.rl.critic import critic_values
 from ragen2.rl.forward import in_micro_batches, logprobs
@@ -102,18 +103,31 @@ def advantage_phase(run: Run, kept: list[Trajectory]) -> Batch:
     if a.grpo_advantage_length_weight:
         advantages = length_weighted(advantages, batch.mask)
     batch.advantages = a.task_advantage_scale * advantages
-    if any(t.trained_turns is not None for t in kept):
-        batch = kept_turns_only(kept, batch)
+    roles = run.config.agent.train_roles
+    if roles or any(t.trained_turns is not None for t in kept):
+        batch = kept_turns_only(kept, batch, roles)
     return batch
 
 
-def kept_turns_only(kept: list[Trajectory], batch: Batch) -> Batch:
-    """`filter.level=anchor`: the batch with the turns the filter dropped masked out, after the advantages
-    (their turns still counted in GiGPO's baselines), and without the rows left with no trained token."""
-    flags = [[float(k) for k in (t.trained_turns or [True] * len(t.turns))] for t in kept]
-    trained = turn_values_to_tokens(flags, batch.traj_index, batch.mask)  # [B, T-1], 1 on kept turns' tokens
+def trained_turns(trajectory: Trajectory, train_roles: list[str] | None) -> list[bool]:
+    """Which turns of `trajectory` train: those `filter.level=anchor` kept (`trained_turns`; every turn without
+    it) whose role is one of `agent.train_roles` (any role when it is empty or null)."""
+    kept = trajectory.trained_turns or [True] * len(trajectory.turns)
+    return [k and (not train_roles or turn.role in train_roles) for k, turn in zip(kept, trajectory.turns)]
+
+
+def kept_turns_only(kept: list[Trajectory], batch: Batch, train_roles: list[str] | None = None) -> Batch:
+    """The batch with the turns that do not train (`trained_turns`) masked out, after the advantages (their turns
+    still counted in the returns and GiGPO's baselines), and without the rows left with no trained token."""
+    flags = [[float(k) for k in trained_turns(t, train_roles)] for t in kept]
+    trained = turn_values_to_tokens(flags, batch.traj_index, batch.mask)  # [B, T-1], 1 on trained turns' tokens
     batch.mask, batch.advantages = batch.mask * trained, batch.advantages * trained
-    return batch.select(batch.mask.any(dim=1).nonzero().squeeze(1))
+    rows = batch.mask.any(dim=1).nonzero().squeeze(1)
+    if train_roles and len(rows) == 0:
+        seen = sorted({str(turn.role) for t in kept for turn in t.turns})
+        raise Ragen2Error(f"agent.train_roles={train_roles}: no call of the batch has one of these roles (the calls' "
+                          f"roles: {', '.join(seen)}); send X-Ragen2-Role or set the model field to a role to train")
+    return batch.select(rows)
 
 
 def _token_rewards(run: Run, kept: list[Trajectory], batch: Batch) -> torch.Tensor:

@@ -10,13 +10,14 @@ the staleness and throughput metrics of asynchronous training (ragen2.rl.async_r
 from __future__ import annotations
 
 import contextlib
+from collections import defaultdict
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from ragen2.agent import GenerationBackend, HFBackend, RolloutStats, Trajectory, group_seeds, rollout, summarize
+from ragen2.agent import GenerationBackend, HFBackend, RolloutStats, Trajectory, Turn, group_seeds, rollout, summarize
 from ragen2.agent.rollout import stable_seed
 from ragen2.agent.vllm_backend import VLLMBackend
 from ragen2.config import Config
@@ -86,7 +87,7 @@ def rollout_phase(
     trajectories = distributed.gather_objects(trajectories)  # all P x G, in group order, on every rank
     metrics = rollout_metrics(trajectories) | turn_signal_metrics(trajectories, cfg.algo.gamma) | {
         "timing_s/generate": stats.generate_s,
-    }
+    } | role_metrics(trajectories)
     if is_mixture(cfg):
         metrics |= tagged_metrics(rollout_metrics, trajectories, [t.tag for t in trajectories])
     return trajectories, metrics
@@ -95,6 +96,21 @@ def rollout_phase(
 def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
     """`summarize`'s rates and means, and the spread of the episode returns."""
     return summarize(trajectories) | {"rollout/return_std": float(np.std([t.episode_return for t in trajectories]))}
+
+
+def role_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
+    """`rollout/<role>/...` of an agent loop's calls, per role (`Turn.role`): the calls an episode made in it, their
+    response tokens and the share whose tool-call blocks parsed. Roles split the calls, not the episodes, so no
+    return or success is given per role; calls without a role (ragen2's own rollout loop) give nothing."""
+    by_role: dict[str, list[Turn]] = defaultdict(list)
+    for turn in (turn for t in trajectories for turn in t.turns if turn.role is not None):
+        by_role[turn.role].append(turn)
+    metrics = {}
+    for role, turns in by_role.items():
+        metrics |= {f"rollout/{role}/calls_mean": len(turns) / len(trajectories),
+                    f"rollout/{role}/response_tokens_mean": float(np.mean([len(t.response_ids) for t in turns])),
+                    f"rollout/{role}/valid_format_rate": float(np.mean([t.format_valid for t in turns]))}
+    return metrics
 
 
 def save_training_samples(run: Run, step: int, trajectories: list[Trajectory]) -> None:
