@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ragen2.agent import Trajectory
+from ragen2.errors import Ragen2Error
 from ragen2.rl.advantages import (
     bi_level_gae,
     broadcast_to_tokens,
@@ -26,7 +27,6 @@ from ragen2.rl.advantages import (
     turn_ends,
     turn_values_to_tokens,
 )
-from ragen2.errors import Ragen2Error
 from ragen2.rl.batch import Batch, build_batch
 from ragen2.rl.critic import critic_values
 from ragen2.rl.forward import in_micro_batches, logprobs
