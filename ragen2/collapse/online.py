@@ -17,6 +17,8 @@ Two sampling schemes, logged under separate prefixes (RAGEN-2, Sec. 4):
   (P ~ num_samples); identical prompts still form one class through `input_ids`.
 - `collapse_turn_K/` (K = 2 .. `collapse.per_turn`, off by default): turn K alone, drawn as the
   first turns are. Does turn K's reasoning still depend on what turn K shows?
+- `collapse_role/<role>/`: the trajectory scheme's pairs of each agent role (`Turn.role`, set by agent
+  loops behind the endpoint) scored against that role's inputs only, from the same scores.
 
 The reasoning Z is `turn.response_ids[start:end]` for the turn's `reasoning_span`; the input X
 is `turn.prompt_ids` (it ends with `<think>`). Turns with empty reasoning are dropped and
@@ -33,7 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +64,7 @@ class Pairs:
     valid_thinking_rate: float  # share of the turns considered whose reasoning was non-empty
     column_tags: list[str] = field(default_factory=list)  # P: the mixture tag of each input (ragen2.mixture)
     column_groups: list[int] = field(default_factory=list)  # P: the group (shared env seed) of each input
+    column_roles: list[str | None] = field(default_factory=list)  # P: the agent role of each input's call (Turn.role)
 
 
 @dataclass
@@ -77,7 +80,7 @@ class OnlineDiagnostics:
 
     def __init__(self, config: CollapseConfig, seed: int, run: Config | None = None, per_tag: bool = False) -> None:
         """`run`: the whole run's config, for the advice of the alarm's message (None: the defaults').
-        `per_tag`: also the proxies within each mixture tag (`collapse_<scheme>/<tag>/<metric>`, `tag_metrics`)."""
+        `per_tag`: also the proxies within each mixture tag (`collapse_<scheme>/<tag>/<metric>`, `split_metrics`)."""
         self.config = config
         self.seed = seed
         self.per_tag = per_tag
@@ -144,22 +147,27 @@ class OnlineDiagnostics:
                                                self.config.marginal, self.ema[scheme])
             out.update({f"collapse_{scheme}/{key}": value for key, value in result.items()})
             if self.per_tag:
-                out.update(self.tag_metrics(scheme, logp, pairs))
+                out.update(self.split_metrics(logp, pairs, pairs.column_tags, lambda tag: f"{scheme}/{tag}"))
+            if scheme == "trajectory":  # the scheme that draws calls of every role
+                out.update(self.split_metrics(logp, pairs, pairs.column_roles, lambda role: f"role/{role}"))
             if staleness is not None:
                 out.update(self.staleness_metrics(scheme, logp, pairs, staleness))
         return out
 
-    def tag_metrics(self, scheme: str, logp: np.ndarray, pairs: Pairs) -> dict[str, float]:
-        """The proxies of each tag alone, `collapse_<scheme>/<tag>/<metric>`: its reasonings scored against its
-        inputs only (logp [M, P] restricted to the tag's rows and columns), so the marginal is over that
-        environment's inputs and chance is one in its input count. Each tag keeps its own MI-ZScore-EMA."""
+    def split_metrics(
+        self, logp: np.ndarray, pairs: Pairs, labels: Sequence[str | None], name: Callable[[str], str]
+    ) -> dict[str, float]:
+        """The proxies of each label alone (a mixture's tag, an agent's role), `collapse_<name(label)>/<metric>`: its
+        reasonings scored against its inputs only (logp [M, P] restricted to the label's rows and columns), so the
+        marginal is over that label's inputs and chance is one in its input count. Each label keeps its own
+        MI-ZScore-EMA. Inputs labelled None (no role outside agent loops) are left out."""
         out = {}
-        for tag in dict.fromkeys(pairs.column_tags):
-            cols = [j for j, t in enumerate(pairs.column_tags) if t == tag]
-            rows = [m for m, j in enumerate(pairs.source) if pairs.column_tags[j] == tag]
+        for label in dict.fromkeys(label for label in labels if label is not None):
+            cols = [j for j, other in enumerate(labels) if other == label]
+            rows = [m for m, j in enumerate(pairs.source) if labels[j] == label]
             if not rows:
                 continue
-            key = f"{scheme}/{tag}"
+            key = name(label)
             result, self.ema[key] = proxies(logp, pairs, rows, cols, self.config.marginal, self.ema.get(key))
             out.update({f"collapse_{key}/{k}": v for k, v in result.items()})
         return out
@@ -298,12 +306,14 @@ def turn_pairs(trajectories: Sequence[Trajectory], turn: int, num_samples: int, 
     """
     columns: dict[tuple[int, tuple[int, ...]], int] = {}  # (group, prompt) -> column
     tags: list[str] = []  # each column's tag
+    roles: list[str | None] = []  # each column's role
     candidates: list[tuple[int, list[int]]] = []  # (column, Z) of every such turn with reasoning
     reached = [t for t in trajectories if len(t.turns) > turn]
     for traj in reached:
         this = traj.turns[turn]
         column = columns.setdefault((traj.group_id, tuple(this.prompt_ids)), len(columns))
         tags += [traj.tag] * (len(columns) - len(tags))
+        roles += [this.role] * (len(columns) - len(roles))
         z = reasoning_ids(this)
         if z:
             candidates.append((column, z))
@@ -315,6 +325,7 @@ def turn_pairs(trajectories: Sequence[Trajectory], turn: int, num_samples: int, 
         valid_thinking_rate=len(candidates) / len(reached) if reached else 0.0,
         column_tags=tags,
         column_groups=[group for group, _ in columns],
+        column_roles=roles,
     )
 
 
@@ -325,7 +336,7 @@ def trajectory_pairs(trajectories: Sequence[Trajectory], num_samples: int, rng: 
     dropped after drawing, and `valid_thinking_rate` is the share of draws that were kept.
     """
     with_turns = [t for t in trajectories if t.turns]
-    prompts, reasonings, tags, groups = [], [], [], []
+    prompts, reasonings, tags, groups, roles = [], [], [], [], []
     drawn = num_samples if with_turns else 0
     for _ in range(drawn):
         traj = with_turns[rng.integers(len(with_turns))]
@@ -336,6 +347,7 @@ def trajectory_pairs(trajectories: Sequence[Trajectory], num_samples: int, rng: 
             reasonings.append(z)
             tags.append(traj.tag)
             groups.append(traj.group_id)
+            roles.append(turn.role)
     return Pairs(
         prompts=prompts,
         reasonings=reasonings,
@@ -343,4 +355,5 @@ def trajectory_pairs(trajectories: Sequence[Trajectory], num_samples: int, rng: 
         valid_thinking_rate=len(reasonings) / drawn if drawn else 0.0,
         column_tags=tags,
         column_groups=groups,
+        column_roles=roles,
     )

@@ -270,3 +270,31 @@ def test_staleness_splits_the_pairs_by_their_groups_staleness(tiny_tokenizer, ti
     assert {k: v for k, v in out.items() if k.startswith("async/staleness_2/collapse_first_turn/")} == {
         "async/staleness_2/collapse_first_turn/num_pairs": 0.0}
     assert out["async/staleness_0/collapse_first_turn/num_pairs"] == out["collapse_first_turn/num_pairs"] == 6
+
+
+def test_roles_split_the_trajectory_pairs_by_the_calls_role(tiny_tokenizer, tiny_model, batch):
+    """Agent calls carry a role: each role's trajectory pairs are scored against that role's inputs only, equal to
+    mi_metrics of the naive scores restricted to them, and the roles' pairs add up to the whole scheme's."""
+    trajectories = batch()
+    for t in trajectories:
+        t.turns[0].role, t.turns[1].role = "solver", "critic"
+    out = OnlineDiagnostics(config(), 0).run(tiny_model, tiny_tokenizer, trajectories, 1)
+    pairs = trajectory_pairs(trajectories, 12, np.random.default_rng([0, 1, 1]))  # the trajectory scheme's draw
+    assert out["collapse_trajectory/num_pairs"] == len(pairs.reasonings)
+    counts = {role: pairs.column_roles.count(role) for role in ("solver", "critic")}
+    assert min(counts.values()) >= 2 and sum(counts.values()) == len(pairs.reasonings)
+    for role, n in counts.items():
+        assert out[f"collapse_role/{role}/num_pairs"] == out[f"collapse_role/{role}/num_inputs"] == n
+        rows = [m for m, r in enumerate(pairs.column_roles) if r == role]  # each pair is its own column
+        prompts = [pairs.prompts[m] for m in rows]
+        logp = np.array([[score_matrix_naive(tiny_model, None, [p], [pairs.reasonings[m]])[0, 0] for p in prompts]
+                         for m in rows])
+        expected = mi_metrics(logp, np.arange(len(rows)), lengths=np.array([len(pairs.reasonings[m]) for m in rows]),
+                              input_ids=prompts)
+        for key in ("retrieval_acc", "mi_est", "mi_zscore", "cond_entropy", "chance_level"):
+            if np.isfinite(expected[key]):
+                assert out[f"collapse_role/{role}/{key}"] == pytest.approx(expected[key], abs=1e-4), (role, key)
+    assert re.search(r"^\| `collapse_role/<role>/<metric>` \|", METRICS_DOC.read_text(), re.MULTILINE)
+    plain = OnlineDiagnostics(config(), 0).run(tiny_model, tiny_tokenizer, batch(), 1)
+    assert not any(key.startswith("collapse_role/") for key in plain)  # ragen2's own turns carry no role
+    assert {k: v for k, v in out.items() if not k.startswith("collapse_role/")} == plain

@@ -82,6 +82,9 @@ def test_a_two_step_run_records_and_logs_both_roles(tool_policy, tmp_path, one_t
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in steps] == [1, 2]
     assert all("rollout/solver/calls_mean" in m and "rollout/critic/calls_mean" in m for m in steps)
+    role_pairs = {k: v for k, v in steps[0].items() if k.startswith("collapse_role/") and k.endswith("/num_pairs")}
+    assert role_pairs and set(role_pairs) <= {"collapse_role/solver/num_pairs", "collapse_role/critic/num_pairs"}
+    assert sum(role_pairs.values()) == steps[0]["collapse_trajectory/num_pairs"]  # the MI check splits by role
     for step in (1, 2):
         records = [json.loads(line) for line in (run_dir / "rollouts" / f"train_step_{step}.jsonl").open()]
         assert {r["role"] for r in records} == {"solver", "critic"}
