@@ -46,6 +46,8 @@ PRESET_LEARNING = (
     ("frozenlake", "not measurably: the tiny policy starts near its ceiling (0.86); from the part-way policy "
      "model.path=tiny:frozenlake it learns (the default run)"),
     ("countdown", "not measured"),
+    ("corridor", "not measured (its warm start, tiny:corridor, is evaluated under each rollout.memory in "
+     "docs/memory.md)"),
     ("math, searchqa, code, webshop, tools-mix", "not expected, not measured: their policy solves 0 to 1 "
      "in 100 held-out episodes"),
     ("planning-mix", "not measurably in 20 steps"),

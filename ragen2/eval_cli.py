@@ -47,8 +47,8 @@ PRINTED_SAMPLES = 2
 
 # Rollout settings that change what a held-out success rate measures (format_penalty moves returns only;
 # the generation engine and prefix reuse give the same samples), compared before a run's start is.
-COMPARED_ROLLOUT = ("max_turns", "max_actions_per_turn", "max_tokens_per_turn", "context_turns", "end_on_invalid",
-                    "top_p", "top_k", "enable_think", "action_sep", "max_model_len")
+COMPARED_ROLLOUT = ("max_turns", "max_actions_per_turn", "max_tokens_per_turn", "memory", "context_turns",
+                    "memory_budget", "end_on_invalid", "top_p", "top_k", "enable_think", "action_sep", "max_model_len")
 
 
 def parse_env(text: str) -> list[TaggedEnv]:

@@ -23,7 +23,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ragen2 import envs
 from ragen2.agent.backends import HFBackend
-from ragen2.agent.rollout import RolloutConfig, group_seeds, rollout, summarize
+from ragen2.agent.rollout import RolloutConfig, group_seeds, rollout, stop_strings, summarize
 from ragen2.agent.types import Trajectory, Turn
 from ragen2.mixture import TaggedEnv, tagged_metrics
 
@@ -47,7 +47,7 @@ def evaluate(
     valid_format_rate) and the trajectories.
     """
     seeds = envs.eval_seeds(episodes)
-    backend = HFBackend(model, tokenizer, batch_size=batch_size, prefix_reuse=cfg.prefix_reuse)
+    backend = HFBackend(model, tokenizer, stop_strings(cfg), batch_size=batch_size, prefix_reuse=cfg.prefix_reuse)
     trajectories = rollout(backend, tokenizer, env_name, env_kwargs, seeds, list(range(episodes)), cfg)
     return _eval_metrics(summarize(trajectories), [t.success for t in trajectories]), trajectories
 
@@ -83,7 +83,7 @@ def evaluate_mixture(
         specs += [entry] * len(entry_seeds)
         seeds += entry_seeds
         group_ids += [len(set(group_ids)) + g for g in ids]
-    backend = HFBackend(model, tokenizer, batch_size=batch_size, prefix_reuse=cfg.prefix_reuse)
+    backend = HFBackend(model, tokenizer, stop_strings(cfg), batch_size=batch_size, prefix_reuse=cfg.prefix_reuse)
     trajectories = rollout(backend, tokenizer, "", {}, seeds, group_ids, cfg, episode_envs=specs)
 
     def metrics_of(part: list[Trajectory]) -> dict[str, float]:

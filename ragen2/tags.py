@@ -1,4 +1,4 @@
-"""The tags of an agent's turn, `<think>..</think><answer>..</answer>`, and the action separator.
+"""The tags of an agent's turn, `<think>..</think><answer>..</answer>`, of a memory note, and the action separator.
 
 A module of its own, free of imports, so that the config can check a separator without loading
 the agent layer (and with it torch): a refused config answers in well under a second.
@@ -7,6 +7,7 @@ the agent layer (and with it torch): a refused config answers in well under a se
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
 TAGS = (THINK_OPEN, THINK_CLOSE, ANSWER_OPEN, ANSWER_CLOSE)
+MEMORY_OPEN, MEMORY_CLOSE = "<memory>", "</memory>"  # a memory note (rollout.memory=summary)
 ACTION_SEPARATOR = "||"
 
 

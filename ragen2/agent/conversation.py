@@ -23,6 +23,11 @@ Two settings cut the history shown: `context_turns` (a sliding window of the las
 and `max_len` (`rollout.max_model_len`: the oldest turns are dropped while a prompt is
 longer, as RAGEN does). Prompts are then no longer prefixes of one sequence, and each turn
 becomes a training sample of its own, made of exactly the prompt the model saw.
+A third, `memory` (`rollout.memory=summary`), lets the policy choose what it keeps: when the next
+prompt would leave no room under the budget, the policy is asked for a note (`MEMORY_REQUEST`, the
+prompt ending with `<memory>`), and later prompts start again from the turn(s) just before that
+request: system prompt, those turns, the request and the note as sampled, then the turns since.
+Each such segment is one training sample, holding exactly the prompts its turns were generated from.
 Everything that is not a model token comes from the tokenizer's chat template, so the same
 code serves ChatML (the tiny model, Qwen) and Llama-style templates. Generated tokens are
 never re-tokenised: only the environment text between responses is rendered and encoded,
@@ -45,13 +50,38 @@ from itertools import pairwise
 
 from transformers import PreTrainedTokenizerBase
 
-from ragen2.agent.parsing import ResponseFormat, reasoning_bounds
+from ragen2.agent.parsing import ResponseFormat, note_bounds, reasoning_bounds
+from ragen2.tags import MEMORY_OPEN
 
 log = logging.getLogger(__name__)
 
 # Stand-in for an assistant message when rendering the template: whatever the template
 # prints after it is the environment text that follows a response.
 _SENTINEL = "\u27e6ragen2-response\u27e7"
+
+
+# The user message of a memory turn. The earlier turns are still in its prompt; the next prompts will not hold them.
+MEMORY_REQUEST = "Your context is full: earlier turns will be removed. Write what you still need as <memory>note</memory>."
+
+
+@dataclass(frozen=True)
+class MemorySettings:
+    """When the policy writes a memory note (`rollout.memory=summary`) and what later prompts keep.
+
+    budget: the most tokens a prompt may hold. A note is asked for at the first turn whose prompt,
+        plus a whole response (`response_tokens`) and the request, would not fit: the note's own
+        prompt is the previous prompt, its response and the request, so it fits too.
+    response_tokens: the most tokens a response takes (`rollout.max_tokens_per_turn`).
+    recent_turns: turns before the request that later prompts still show, ahead of the note.
+    """
+
+    budget: int
+    response_tokens: int
+    recent_turns: int = 1
+
+    def __post_init__(self) -> None:
+        if self.budget < 1 or self.response_tokens < 1 or self.recent_turns < 0:
+            raise ValueError(f"{self} is not allowed: budget and response_tokens >= 1, recent_turns >= 0")
 
 
 def user_message(turn: int, observation: str, actions_left: int) -> str:
@@ -68,6 +98,12 @@ class _Turn:
     dropped: int = 0  # earlier turns left out of this turn's prompt by max_len
     response_ids: list[int] | None = None
     response_text: str = ""
+    memory: bool = False  # a memory turn: the prompt ends with <memory>, the response is the note
+
+    @property
+    def prefix(self) -> str | None:
+        """The tag this turn's prompt ends with, None for an ordinary turn (the format's prefix)."""
+        return MEMORY_OPEN if self.memory else None
 
 
 class Conversation:
@@ -87,13 +123,18 @@ class Conversation:
         tools: tool schemas (OpenAI's function format) for the chat template to render; tool
             results then follow the tool calls in the history, so the history is shown whole
             (`context_turns` and `max_len` must be None).
+        memory: memory notes under a token budget (`MemorySettings`); None = off. Excludes the
+            other three cuts.
 
-    Usage per turn: `add_observation`, `prompt_ids` (generate from it), `add_response`.
+    Usage per turn: `add_observation`, `prompt_ids` (generate from it), `add_response`. With
+    `memory`, `writing_note` says when the prompt asks for a note instead: its response goes to
+    `add_response` too, and the observation's own prompt follows.
     """
 
     def __init__(
         self, tokenizer: PreTrainedTokenizerBase, system_prompt: str, context_turns: int | None = None,
         fmt: ResponseFormat = ResponseFormat(), max_len: int | None = None, tools: list[dict] | None = None,
+        memory: MemorySettings | None = None,
     ):
         if context_turns is not None and context_turns < 0:
             raise ValueError(
@@ -104,6 +145,10 @@ class Conversation:
         if tools and (context_turns is not None or max_len is not None):
             raise ValueError(f"tools need the whole history (tool results answer earlier calls): context_turns="
                              f"{context_turns} and max_len={max_len} must both be None")
+        if memory is not None and (context_turns is not None or max_len is not None or tools):
+            raise ValueError(f"memory notes decide themselves what a prompt keeps: context_turns={context_turns}, "
+                             f"max_len={max_len} and tools must all be None with memory={memory}")
+        self.memory = memory
         self.tools = list(tools) if tools else None
         self.tokenizer = tokenizer
         self.fmt = fmt
@@ -112,30 +157,43 @@ class Conversation:
         self.max_len = max_len
         self._special_ids = frozenset(tokenizer.all_special_ids)
         self._turns: list[_Turn] = []
+        self._waiting: list[tuple[str, str]] | None = None  # the observation a note being written goes before
 
     # ---- building ----------------------------------------------------------------------
 
     def add_observation(self, observation: str, actions_left: int, tool_results: list[str] | None = None) -> None:
         """Start the next turn with the environment's state text, or with `tool_results` (one `tool` message
         each, answering the previous turn's tool calls)."""
-        if self._turns and self._turns[-1].response_ids is None:
+        if self.awaiting_response:
             raise RuntimeError("add_observation() called twice without add_response() in between")
         if tool_results and not self._turns:
             raise RuntimeError("tool results answer an earlier turn's tool calls: the first turn needs an observation")
+        number = sum(not t.memory for t in self._turns) + 1
         messages = ([("tool", r) for r in tool_results] if tool_results
-                    else [("user", user_message(len(self._turns) + 1, observation, actions_left))])
-        # The head is needed for the first turn, and for every turn when the window can move.
-        head = None
-        if not self._turns or self.context_turns is not None or self.max_len is not None:
-            head = self._encode(self._render(messages, add_generation_prompt=True) + self.fmt.prefix)
-        delta = None
-        if self._turns and self.context_turns != 0:
-            delta = self._encode(self._text_after_response(self._turns[-1], next_messages=messages))
-        self._turns.append(_Turn(messages=messages, head_ids=head, delta_ids=delta))
-        self._fit_window(len(self._turns) - 1)
+                    else [("user", user_message(number, observation, actions_left))])
+        self._append(_Turn(messages=messages, head_ids=None, delta_ids=None))
+        k = len(self._turns) - 1
+        if self.memory is None or self._leaves_room(k):
+            return
+        if k > 0 and not self._turns[k - 1].memory:  # something to note since the last note: ask for one first
+            self._waiting = self._turns.pop().messages
+            self._append(_Turn(messages=[("user", MEMORY_REQUEST)], head_ids=None, delta_ids=None, memory=True))
+        else:
+            self._warn_no_room(k)
+
+    @property
+    def awaiting_response(self) -> bool:
+        """A prompt is pending: an observation's, or after a note the observation it went before."""
+        return bool(self._turns) and self._turns[-1].response_ids is None
+
+    @property
+    def writing_note(self) -> bool:
+        """The pending prompt asks for a memory note (it ends with `<memory>`), not for this turn's action."""
+        return self.awaiting_response and self._turns[-1].memory
 
     def prompt_ids(self) -> list[int]:
-        """Context for the current turn; ends with the assistant generation prefix and `fmt.prefix`."""
+        """Context for the current turn; ends with the assistant generation prefix and `fmt.prefix` (`<memory>`
+        when the turn asks for a note)."""
         if not self._turns or self._turns[-1].response_ids is not None:
             raise RuntimeError("prompt_ids() needs an observation without a response: call add_observation() first")
         return self._context(len(self._turns) - 1)
@@ -151,6 +209,11 @@ class Conversation:
             raise RuntimeError("add_response() needs a pending observation: call add_observation() first")
         self._turns[-1].response_ids = list(response_ids)
         self._turns[-1].response_text = response_text
+        if self._waiting is not None:  # the note is written: the observation it went before is next
+            self._append(_Turn(messages=self._waiting, head_ids=None, delta_ids=None))
+            self._waiting = None
+            if not self._leaves_room(len(self._turns) - 1):
+                self._warn_no_room(len(self._turns) - 1)
 
     def add_response_text(self, text: str, add_eos: bool = True) -> None:
         """Record a demonstration response given as text (what follows the prompt's `<think>`).
@@ -177,6 +240,8 @@ class Conversation:
         answered = [t for t in self._turns if t.response_ids is not None]
         if not answered:
             return []
+        if self.memory is not None and any(t.memory for t in answered):
+            return self._segment_samples(len(answered))
         if self.context_turns is not None or any(t.dropped for t in answered):
             out = []
             for k, turn in enumerate(answered):
@@ -203,10 +268,64 @@ class Conversation:
 
     # ---- internals ---------------------------------------------------------------------
 
+    def _append(self, turn: _Turn) -> None:
+        """Add a turn: encode its head (a context starting at it) where the window can move and its delta
+        (what follows the previous response), then choose the first turn its prompt shows."""
+        cut = self.context_turns is not None or self.max_len is not None or self.memory is not None
+        prefix = turn.prefix or self.fmt.prefix
+        if not self._turns or cut:
+            turn.head_ids = self._encode(self._render(turn.messages, add_generation_prompt=True) + prefix)
+        if self._turns and self.context_turns != 0:
+            turn.delta_ids = self._encode(self._text_after_response(self._turns[-1], turn.messages, prefix))
+        self._turns.append(turn)
+        self._fit_window(len(self._turns) - 1)
+
+    def _leaves_room(self, k: int) -> bool:
+        """Turn k's prompt, a whole response and the note request after it fit in the memory budget."""
+        request = self._text_after_response(self._turns[k], [("user", MEMORY_REQUEST)], MEMORY_OPEN)
+        room = self.memory.budget - self.memory.response_tokens - len(self._encode(request))
+        return len(self._context(k)) <= room
+
+    def _warn_no_room(self, k: int) -> None:
+        number = sum(not t.memory for t in self._turns[: k + 1])
+        log.warning("turn %d's prompt is %d tokens, leaving no room for a note under memory budget %d (with a "
+                    "response of %d tokens): it is kept whole", number, len(self._context(k)), self.memory.budget,
+                    self.memory.response_tokens)
+
+    def _segment_samples(self, count: int) -> list[tuple[list[int], list[int]]]:
+        """One sample per run of answered turns whose prompts share their first turn (a segment between notes):
+        the last one's prompt and response, mask 1 on the responses of the run's own turns only (the turns
+        before the note that it shows were trained in their own segment)."""
+        out = []
+        end = 0
+        while end < count:
+            start, first = end, self._turns[end].first
+            while end < count and self._turns[end].first == first:
+                end += 1
+            ids, mask = list(self._turns[first].head_ids), [0] * len(self._turns[first].head_ids)
+            for k in range(first, end):
+                if k > first:
+                    ids += self._turns[k].delta_ids
+                    mask += [0] * len(self._turns[k].delta_ids)
+                ids += self._turns[k].response_ids
+                mask += [int(k >= start)] * len(self._turns[k].response_ids)
+            out.append((ids, mask))
+        return out
+
     def _fit_window(self, k: int) -> None:
-        """Choose the first turn of turn k's prompt: the `context_turns` window, then while the
-        prompt is longer than `max_len` the oldest turn is dropped, down to turn k alone."""
+        """Choose the first turn of turn k's prompt: with memory, the segment's (after a note, `recent_turns`
+        before it); else the `context_turns` window, then while the prompt is longer than `max_len` the
+        oldest turn is dropped, down to turn k alone."""
         turn = self._turns[k]
+        if self.memory is not None:
+            previous = self._turns[k - 1] if k else None
+            if previous is None:
+                turn.first = 0
+            elif previous.memory:  # the first turn after a note
+                turn.first = max(0, k - 1 - self.memory.recent_turns)
+            else:
+                turn.first = previous.first
+            return
         window = 0 if self.context_turns is None else max(0, k - self.context_turns)
         turn.first = window
         if self.max_len is None:
@@ -232,8 +351,10 @@ class Conversation:
         return self.tokenizer.apply_chat_template(chat, tools=self.tools, tokenize=False,
                                                   add_generation_prompt=add_generation_prompt)
 
-    def _text_after_response(self, turn: _Turn, next_messages: list[tuple[str, str]] | None) -> str:
-        """Template text between `turn`'s response and the next generation (or the end).
+    def _text_after_response(self, turn: _Turn, next_messages: list[tuple[str, str]] | None,
+                             next_prefix: str = "") -> str:
+        """Template text between `turn`'s response and the next generation, which starts after `next_prefix`
+        (or the end, with no next messages).
 
         Rendered from a two-turn conversation whose assistant message is a sentinel, so the
         cost per turn is constant. A special token that ends the response (EOS) and also
@@ -243,7 +364,7 @@ class Conversation:
         rendered = self._render(messages, add_generation_prompt=next_messages is not None)
         text = rendered[rendered.index(_SENTINEL) + len(_SENTINEL) :]
         if next_messages is not None:
-            text += self.fmt.prefix
+            text += next_prefix
         if turn.response_ids and turn.response_ids[-1] in self._special_ids:
             last = self.tokenizer.decode(turn.response_ids[-1:], skip_special_tokens=False)
             if last and text.startswith(last):
@@ -255,21 +376,33 @@ class Conversation:
 
 
 def reasoning_span(tokenizer: PreTrainedTokenizerBase, response_ids: list[int]) -> tuple[int, int]:
-    """[start, end) of the reasoning tokens inside `response_ids`.
+    """[start, end) of the reasoning tokens inside `response_ids` (`text_span` of `reasoning_bounds`)."""
+    return text_span(tokenizer, response_ids, reasoning_bounds)
 
-    The reasoning is what lies strictly between `<think>` (normally the end of the prompt,
-    or repeated at the start of the response) and the first `</think>`; (0, 0) when there
-    is no `</think>`. Tokens that touch a tag are excluded, so with tokenizers that merge
-    text across a tag boundary the span is the largest run of tokens fully inside the
-    reasoning. Whitespace-only tokens at either end are dropped, so the span is empty
-    exactly when the stripped reasoning text is.
+
+def note_span(tokenizer: PreTrainedTokenizerBase, response_ids: list[int]) -> tuple[int, int]:
+    """[start, end) of a memory note's tokens inside a memory turn's `response_ids` (before `</memory>`)."""
+    return text_span(tokenizer, response_ids, note_bounds)
+
+
+def text_span(
+    tokenizer: PreTrainedTokenizerBase, response_ids: list[int], bounds_of: Callable[[str], tuple[int, int] | None],
+) -> tuple[int, int]:
+    """[start, end) of the tokens of the text region `bounds_of(decoded text)` inside `response_ids`.
+
+    The reasoning (`reasoning_bounds`) is what lies strictly between `<think>` (normally the end of the
+    prompt, or repeated at the start of the response) and the first `</think>`, a note the same between
+    `<memory>` and `</memory>`; (0, 0) when `bounds_of` finds none. Tokens that touch a tag are excluded,
+    so with tokenizers that merge text across a tag boundary the span is the largest run of tokens fully
+    inside the region. Whitespace-only tokens at either end are dropped, so the span is empty exactly
+    when the stripped text is.
 
     Positions are found by decoding prefixes (a binary search, O(log n) decodes), which
     works for any tokenizer, byte-level or SentencePiece, with or without single-token tags.
     """
     decode = _raw_decoder(tokenizer)
     text = decode(response_ids)
-    bounds = reasoning_bounds(text)
+    bounds = bounds_of(text)
     if bounds is None:
         return (0, 0)
     char_start, char_end = bounds

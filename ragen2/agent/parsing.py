@@ -13,13 +13,17 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ragen2.tags import ACTION_SEPARATOR, ANSWER_CLOSE, ANSWER_OPEN, THINK_CLOSE, THINK_OPEN, valid_action_sep
+from ragen2.tags import (
+    ACTION_SEPARATOR, ANSWER_CLOSE, ANSWER_OPEN, MEMORY_CLOSE, MEMORY_OPEN, TAGS, THINK_CLOSE, THINK_OPEN,
+    valid_action_sep,
+)
 
 # Generation may stop after an end-of-turn marker that was decoded as text
 # (`<|im_end|>`, `<|eot_id|>`, `</s>`, ...); such trailing markers are ignored.
 _END_MARKERS = ("</s>", "<eos>", "<end_of_turn>")
 _LEADING_THINK = re.compile(r"\A\s*" + re.escape(THINK_OPEN))
 _LEADING_ANSWER = re.compile(r"\A\s*" + re.escape(ANSWER_OPEN))
+_LEADING_MEMORY = re.compile(r"\A\s*" + re.escape(MEMORY_OPEN))
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,27 @@ def parse_response(text: str, max_actions: int | None = None, fmt: ResponseForma
     if not actions:
         return ParsedTurn(reasoning=reasoning)
     return ParsedTurn(reasoning=reasoning, actions=actions[:max_actions], valid=True)
+
+
+def note_bounds(text: str) -> tuple[int, int] | None:
+    """Character range [start, end) of a memory note in `text` (what follows a prompt ending with `<memory>`),
+    or None when `</memory>` is missing. A repeated leading `<memory>` is skipped, as `<think>` is."""
+    lead = _LEADING_MEMORY.match(text)
+    start = lead.end() if lead else 0
+    end = text.find(MEMORY_CLOSE, start)
+    return None if end < 0 else (start, end)
+
+
+def parse_note(text: str) -> tuple[str, bool]:
+    """(the note, valid) of a memory turn's response, `note</memory>`: valid when a non-empty note is closed by
+    `</memory>` with only whitespace or end-of-turn markers after it and no other tag anywhere."""
+    bounds = note_bounds(text)
+    if bounds is None:
+        return "", False
+    note, rest = text[bounds[0] : bounds[1]], text[bounds[1] + len(MEMORY_CLOSE) :]
+    tags = (*TAGS, MEMORY_OPEN, MEMORY_CLOSE)
+    valid = bool(note.strip()) and not _strip_end_markers(rest) and not any(tag in note for tag in tags)
+    return note.strip(), valid
 
 
 def _strip_end_markers(text: str) -> str:

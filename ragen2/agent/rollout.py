@@ -17,14 +17,15 @@ from transformers import PreTrainedTokenizerBase
 
 from ragen2 import envs
 from ragen2.agent.backends import GenerationBackend, reuse_prefixes
-from ragen2.agent.conversation import Conversation, reasoning_span
-from ragen2.agent.parsing import ResponseFormat, parse_response
+from ragen2.agent.conversation import MEMORY_REQUEST, Conversation, MemorySettings, note_span, reasoning_span
+from ragen2.agent.parsing import ResponseFormat, parse_note, parse_response
 from ragen2.agent.tool_calls import parse_tool_turn
 from ragen2.agent.types import GenerationOutput, Trajectory, Turn
 from ragen2.config import RolloutConfig
 from ragen2.config.tagged_envs import TaggedEnv
 from ragen2.envs.base import TextEnv
 from ragen2.errors import ConfigError
+from ragen2.tags import ANSWER_CLOSE, MEMORY_CLOSE
 
 
 @dataclass
@@ -52,6 +53,7 @@ class _Episode:
     observation: str = ""
     actions_left: int = 0
     done: bool = False
+    action_turns: int = 0  # turns that acted (memory turns are not counted against rollout.max_turns)
     tool_results: list[str] = field(default_factory=list)  # rollout.tool_calls: the last turn's calls' results
 
 
@@ -112,20 +114,19 @@ def rollout(
     ]
     version = None
     with reuse_prefixes(backend) as prefixes:  # an episode's next turn starts from the keys/values of its last one
-        for turn in range(cfg.max_turns):
-            active = [i for i, e in enumerate(episodes) if not e.done]
-            if not active:
-                break
+        while active := [i for i, e in enumerate(episodes) if not e.done]:
             if newest_weights is not None:
                 previous, version = version, newest_weights()
                 if prefixes is not None and previous is not None and version != previous:
                     prefixes.clear()
             active_episodes = [episodes[i] for i in active]
             for e in active_episodes:
-                e.conv.add_observation(e.observation, e.actions_left, e.tool_results)
-                e.tool_results = []
+                if not e.conv.awaiting_response:  # after a note, the observation it went before is pending
+                    e.conv.add_observation(e.observation, e.actions_left, e.tool_results)
+                    e.tool_results = []
             prompts = [e.conv.prompt_ids() for e in active_episodes]
-            turn_seeds = None if sample_seeds is None else [turn_seed(sample_seeds[i], turn) for i in active]
+            turn_seeds = None if sample_seeds is None else [
+                turn_seed(sample_seeds[i], len(episodes[i].traj.turns)) for i in active]
             t0 = time.perf_counter()
             outputs = backend.generate(
                 prompts, max_new_tokens=cfg.max_tokens_per_turn, temperature=cfg.temperature, top_p=cfg.top_p,
@@ -135,11 +136,12 @@ def rollout(
             stats.generate_s += time.perf_counter() - t0
             stats.generate_calls += 1
             for e, prompt, out in zip(active_episodes, prompts, outputs):
+                note = e.conv.writing_note
                 e.conv.add_response(out.token_ids, out.text)
-                _play_turn(e, prompt, out, tokenizer, cfg, stats)
+                (_write_note if note else _play_turn)(e, prompt, out, tokenizer, cfg, stats)
                 if version is not None:
                     e.traj.turns[-1].policy_version = version
-                if not e.done and turn == cfg.max_turns - 1:
+                if not e.done and e.action_turns == cfg.max_turns:
                     e.done = e.traj.truncated = True
     for e in episodes:
         e.traj.samples = e.conv.samples()
@@ -183,10 +185,52 @@ def _start_episode(
 def conversation(
     tokenizer: PreTrainedTokenizerBase, instruction: str, cfg: RolloutConfig, tools: list[dict] | None = None,
 ) -> Conversation:
-    """An episode's `Conversation` as the rollout builds it from `cfg` (history window, turn format, length cap),
+    """An episode's `Conversation` as the rollout builds it from `cfg` (memory mode, turn format, length cap),
     with the environment's `tools` for native tool calling."""
     fmt = ResponseFormat(think=cfg.enable_think, action_sep=cfg.action_sep)
-    return Conversation(tokenizer, instruction, cfg.context_turns, fmt, cfg.max_model_len, tools)
+    recent = 1 if cfg.context_turns is None else cfg.context_turns
+    window = recent if cfg.memory == "window" else None
+    return Conversation(tokenizer, instruction, window, fmt, cfg.max_model_len, tools, memory_settings(cfg))
+
+
+def stop_strings(cfg: RolloutConfig) -> tuple[str, ...]:
+    """What ends a turn's generation besides EOS: `</answer>`, and `</memory>` where notes are written."""
+    return (ANSWER_CLOSE, MEMORY_CLOSE) if cfg.memory == "summary" else (ANSWER_CLOSE,)
+
+
+def memory_settings(cfg: RolloutConfig) -> MemorySettings | None:
+    """The notes' budget and what later prompts keep, for `rollout.memory=summary`; None for the other modes."""
+    if cfg.memory != "summary":
+        return None
+    recent = 1 if cfg.context_turns is None else cfg.context_turns
+    return MemorySettings(cfg.memory_budget, cfg.max_tokens_per_turn, recent)
+
+
+def _write_note(
+    e: _Episode, prompt: list[int], out: GenerationOutput, tokenizer: PreTrainedTokenizerBase, cfg: RolloutConfig,
+    stats: RolloutStats,
+) -> None:
+    """Record a memory turn: the note the policy wrote when asked (nothing is played). A note that does not parse
+    gets the format penalty, as a malformed action turn does; it is shown to later turns as written."""
+    note, valid = parse_note(out.text)
+    e.traj.turns.append(
+        Turn(
+            prompt_ids=prompt,
+            response_ids=list(out.token_ids),
+            response_text=out.text,
+            reasoning=note,
+            reasoning_span=note_span(tokenizer, out.token_ids),
+            actions=[],
+            format_valid=valid,
+            actions_valid=valid,
+            reward=0.0 if valid else cfg.format_penalty,
+            observation=MEMORY_REQUEST,  # what the prompt showed last (GiGPO compares the group's notes)
+            logprobs=None if out.logprobs is None else list(out.logprobs),
+            memory=True,
+        )
+    )
+    stats.turns += 1
+    stats.response_tokens += len(out.token_ids)
 
 
 def _play_turn(
@@ -242,21 +286,26 @@ def _play_turn(
             logprobs=None if out.logprobs is None else list(out.logprobs),
         )
     )
+    e.action_turns += 1
     stats.turns += 1
     stats.response_tokens += len(response_ids)
 
 
 def summarize(trajectories: list[Trajectory]) -> dict[str, float]:
-    """Batch-level rollout metrics (`rollout/...`); rates over turns are over all turns of the batch.
+    """Batch-level rollout metrics (`rollout/...`); rates over turns are over all acting turns of the batch.
 
     valid_action_rate counts a turn as valid when it parsed and every action it executed
     was accepted, so it never exceeds valid_format_rate. truncated_turns counts the earlier
     turns `rollout.max_model_len` left out of prompts, summed over the batch's turns.
+    prompt_tokens_mean is over every turn, memory turns included. Memory turns (`rollout.memory=summary`)
+    are counted apart: memory_turns_mean and memory_valid_rate, logged when the batch has one.
     """
     if not trajectories:
         raise ValueError("summarize() needs at least one trajectory")
     n = len(trajectories)
-    turns = [t for traj in trajectories for t in traj.turns]
+    every = [t for traj in trajectories for t in traj.turns]
+    turns = [t for t in every if not t.memory]
+    notes = [t for t in every if t.memory]
     per_turn = max(len(turns), 1)  # a batch where every env failed has no turns: rates are 0
     return {
         "rollout/success_rate": sum(t.success for t in trajectories) / n,
@@ -265,6 +314,8 @@ def summarize(trajectories: list[Trajectory]) -> dict[str, float]:
         "rollout/valid_format_rate": sum(t.format_valid for t in turns) / per_turn,
         "rollout/valid_action_rate": sum(t.actions_valid for t in turns) / per_turn,
         "rollout/response_tokens_mean": sum(len(t.response_ids) for t in turns) / per_turn,
+        "rollout/prompt_tokens_mean": sum(len(t.prompt_ids) for t in every) / max(len(every), 1),
         "rollout/error_rate": sum(t.error is not None for t in trajectories) / n,
         "rollout/truncated_turns": float(sum(t.dropped_turns for t in turns)),
-    }
+    } | ({"rollout/memory_turns_mean": len(notes) / n,
+          "rollout/memory_valid_rate": sum(t.format_valid for t in notes) / len(notes)} if notes else {})

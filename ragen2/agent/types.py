@@ -39,6 +39,9 @@ class Turn:
     # Agent loops: which of the agent's parts made this call (ragen2.serve.endpoint); agent.train_roles trains
     # some roles only. None in ragen2's own rollout loop.
     role: str | None = None
+    # A memory turn (rollout.memory=summary): the policy wrote a note instead of acting. `reasoning` and
+    # `reasoning_span` then hold the note, what collapse_memory/ scores; actions are [] and nothing was played.
+    memory: bool = False
 
 
 @dataclass

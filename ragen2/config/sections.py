@@ -123,10 +123,23 @@ class RolloutConfig:
     )
     max_tokens_per_turn: int = _f(96, "Cap on generated tokens per turn.")
     format_penalty: float = _f(-0.1, "Reward added to a malformed turn or one with an invalid action.")
+    memory: Literal["full", "window", "summary"] = _f(
+        "full",
+        "What a prompt keeps of the episode (docs/memory.md). full: the whole history (one training sequence per "
+        "episode). window: the last rollout.context_turns earlier turns (one sequence per turn). summary: the whole "
+        "history until the next prompt would leave no room under rollout.memory_budget; then the policy writes a "
+        "<memory>note</memory> (a sampled, trained turn) and later prompts hold the system prompt, the "
+        "rollout.context_turns turns before the note, the note and the turns since (one sequence per segment).",
+    )
     context_turns: int | None = _f(
         None,
-        "null: the prompt holds the whole history (one training sequence per episode). "
-        "k: only the last k earlier turns are shown (one training sequence per turn).",
+        "Earlier turns shown: with rollout.memory=window the last k, with summary the k before a note; null = 1. "
+        "Must be null with rollout.memory=full.",
+    )
+    memory_budget: int | None = _f(
+        None,
+        "rollout.memory=summary (needed there; read by no other mode): the most tokens a prompt may hold. A note "
+        "is asked for while the prompt, a whole response (rollout.max_tokens_per_turn) and the request still fit.",
     )
     tool_calls: bool = _f(
         False,
@@ -179,6 +192,18 @@ class RolloutConfig:
             raise ConfigError(
                 f"rollout.context_turns={self.context_turns} is not allowed: use null (full history) or an integer >= 0"
             )
+        if self.memory not in ("full", "window", "summary"):
+            raise ConfigError(f"rollout.memory={self.memory!r} is not allowed: use full, window or summary")
+        if self.memory == "full" and self.context_turns is not None:
+            raise ConfigError(f"rollout.context_turns={self.context_turns} cuts the history, which rollout.memory=full "
+                              "keeps whole: set rollout.memory=window (or summary), or rollout.context_turns=null")
+        if self.memory == "summary":
+            if self.memory_budget is None or self.memory_budget < 1:
+                raise ConfigError(f"rollout.memory=summary needs rollout.memory_budget, the most tokens a prompt may "
+                                  f"hold: an integer >= 1 (now {self.memory_budget})")
+            if self.max_model_len is not None:
+                raise ConfigError(f"rollout.memory=summary bounds prompts by rollout.memory_budget: set "
+                                  f"rollout.max_model_len=null (now {self.max_model_len})")
         if self.temperature < 0:
             raise ConfigError(f"rollout.temperature={self.temperature} is not allowed: use 0 (greedy) or a positive number")
         if not 0 < self.top_p <= 1:

@@ -174,10 +174,10 @@ def validate(config: Config) -> None:
         if not envs.make(config.env.name, **config.env.kwargs).tools:
             raise ConfigError(f"rollout.tool_calls=true needs an environment that declares tools; "
                               f"env.name={config.env.name} has none (searchqa, code, webshop and mcp:NAME do)")
-        if r.context_turns is not None or r.max_model_len is not None:
+        if r.memory != "full" or r.max_model_len is not None:
             raise ConfigError(f"rollout.tool_calls=true shows the whole history (tool results answer earlier "
-                              f"calls): set rollout.context_turns=null and rollout.max_model_len=null (now "
-                              f"{r.context_turns} and {r.max_model_len})")
+                              f"calls): set rollout.memory=full and rollout.max_model_len=null (now "
+                              f"{r.memory} and {r.max_model_len})")
     if not r.enable_think and config.collapse.enable:
         logging.getLogger("ragen2").warning(
             "rollout.enable_think=false: turns have no reasoning, so the collapse proxies have nothing to score "

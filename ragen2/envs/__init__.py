@@ -44,7 +44,7 @@ def validation_seeds(n: int) -> list[int]:
 
 
 # Registration happens on import of each env module.
-from ragen2.envs import bandit, codeexec, countdown, frozenlake, mathqa, searchqa, sokoban, webshop  # noqa: E402,F401
+from ragen2.envs import bandit, codeexec, corridor, countdown, frozenlake, mathqa, searchqa, sokoban, webshop  # noqa: E402,F401,E501
 from ragen2.envs.external import gymnasium_export  # noqa: E402
 
 gymnasium_export.register(names())  # gymnasium.make("ragen2/sokoban-v0") works after `import ragen2.envs`

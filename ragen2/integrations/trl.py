@@ -446,12 +446,12 @@ class EnvRollout:
         self.env_kwargs = dict(env_kwargs or {})
         self.tokenizer = tokenizer
         self.config = rollout_config or RolloutConfig()
-        for key in ("context_turns", "max_model_len"):  # either splits an episode into one sample per turn
-            if getattr(self.config, key) is not None:
-                raise ConfigError(
-                    f"EnvRollout needs rollout {key}=None (the whole episode is one TRL completion); "
-                    f"got {key}={getattr(self.config, key)}"
-                )
+        if self.config.memory != "full":  # a window or notes split an episode into several samples
+            raise ConfigError(f"EnvRollout needs rollout memory='full' (the whole episode is one TRL completion); "
+                              f"got memory={self.config.memory!r}")
+        if self.config.max_model_len is not None:
+            raise ConfigError(f"EnvRollout needs rollout max_model_len=None (the whole episode is one TRL "
+                              f"completion); got max_model_len={self.config.max_model_len}")
         self.stop_strings = stop_strings
         self._make = lambda: envs.make(env, **self.env_kwargs)
         self._make()  # unknown names and bad kwargs fail here, not at the first step

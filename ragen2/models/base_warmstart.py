@@ -142,7 +142,7 @@ def _build_base(config: BaseWarmStartConfig, out: Path, device: str) -> None:
         template = ensure_tools_template(tokenizer, config.base)
     rng = np.random.default_rng(demos_config.seed)
     demos = make_demos(demos_config, rng, PRETRAINED_ORACLES)
-    samples, env_of_sample = demo_samples(demos, tokenizer, demos_config.envs)
+    samples, env_of_sample = demo_samples(demos, tokenizer, demos_config.envs, demos_config.env_memory)
     lengths = [len(ids) for ids, _ in samples]
     log.info("warm start of %s: %d samples, %d tokens (max length %d)", config.base, len(samples), sum(lengths), max(lengths))
 

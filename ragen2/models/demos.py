@@ -27,6 +27,12 @@ says from the current state (`solver_demo`); the reasoning restates what the ans
 on (the numbers and the target, the question, the task) or, for the multi-turn ones, says why
 this action comes next (the title to look up, the option the instruction asks for).
 
+Corridor's oracle reads the exit's colour off the sign in its reasoning of the first turn and again at
+the doors, and says nothing of it in between, so the colour must come from the history or from a
+memory note. Its note oracle (`NOTE_ORACLES`) writes the note a rollout under `rollout.memory=summary`
+is asked for: the colour, in the sign's words. `DemoEpisode.conversation` with memory settings lays
+the notes out where the rollout would ask for them.
+
 Environments that declare tools also have tool-calling demonstrations (`play_demo(..., tool_calls=True)`):
 the same oracle's reasoning, then its action as a native call, `reasoning</think><tool_call>{json}</tool_call>`,
 with the tool instruction and tool schemas as the system prompt and each result returned as a `tool`
@@ -43,12 +49,13 @@ import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from ragen2 import envs
-from ragen2.agent.conversation import Conversation
+from ragen2.agent.conversation import Conversation, MemorySettings
 from ragen2.agent.parsing import ResponseFormat, parse_response
 from ragen2.agent.tool_calls import ToolCall, parse_tool_turn, render_tool_calls
 from ragen2.envs.bandit import BanditEnv
 from ragen2.envs.base import TextEnv
 from ragen2.envs.codeexec import CodeEnv
+from ragen2.envs.corridor import CorridorEnv
 from ragen2.envs.countdown import CountdownEnv
 from ragen2.envs.external.base import ExternalEnv
 from ragen2.envs.frozenlake import FrozenLakeEnv
@@ -57,7 +64,7 @@ from ragen2.envs.searchqa import SearchQAEnv
 from ragen2.envs.sokoban import MOVES, Room, SokobanEnv
 from ragen2.envs.webshop import BACK_TO_SEARCH, BUY_NOW, NEXT_PAGE, PREV_PAGE, WebShopEnv, parse_action
 from ragen2.errors import ConfigError
-from ragen2.tags import ACTION_SEPARATOR, ANSWER_CLOSE, ANSWER_OPEN, THINK_CLOSE
+from ragen2.tags import ACTION_SEPARATOR, ANSWER_CLOSE, ANSWER_OPEN, MEMORY_CLOSE, THINK_CLOSE
 
 Cell = tuple[int, int]  # (row, col), as the environments use
 # This turn's response for a live env, from (env, max_actions, rng); None when the state leaves the
@@ -398,6 +405,21 @@ def external_demo(env: ExternalEnv, max_actions: int, rng: np.random.Generator) 
     return _response(f"Plan: {shown}.", plan[:max_actions])
 
 
+def corridor_demo(env: CorridorEnv, max_actions: int, rng: np.random.Generator) -> str:
+    """Forward to the doors, then open the exit; the colour is stated where the sign is read and where it is used."""
+    where = f"Room {env.room + 1} of {env.rooms}"
+    if env.room == env.rooms - 1:
+        return _response(corridor_note(env), [f"Open {env.exit}"])
+    if env.room == 0:
+        return _response(f"{corridor_note(env)} {where}: go on.", ["Forward"])
+    return _response(f"{where}: go on.", ["Forward"])
+
+
+def corridor_note(env: CorridorEnv) -> str:
+    """What a memory note must keep in the corridor: the exit's colour, in the sign's words."""
+    return f"The exit is the {env.exit} door."
+
+
 ORACLES: dict[type[TextEnv], Oracle] = {
     SokobanEnv: sokoban_demo,
     FrozenLakeEnv: frozenlake_demo,
@@ -407,7 +429,10 @@ ORACLES: dict[type[TextEnv], Oracle] = {
     SearchQAEnv: searchqa_demo,
     CodeEnv: code_demo,
     WebShopEnv: webshop_demo,
+    CorridorEnv: corridor_demo,
 }
+# The note an oracle writes when a rollout under rollout.memory=summary asks for one, from the live env.
+NOTE_ORACLES: dict[type[TextEnv], Callable[[TextEnv], str]] = {CorridorEnv: corridor_note}
 # A pretrained base reads the Bandit's names (see `bandit_reading_demo`); the rest is shared.
 PRETRAINED_ORACLES: dict[type[TextEnv], Oracle] = ORACLES | {BanditEnv: bandit_reading_demo}
 
@@ -447,6 +472,7 @@ class DemoTurn:
     actions_left: int  # the action budget shown with it
     response: str  # the oracle's response (what follows `<think>`)
     tool_results: list[str] | None = None  # tool calling: the previous turn's results, shown in place of the state
+    note: str | None = None  # the memory note the oracle writes if asked before this turn (NOTE_ORACLES)
 
 
 @dataclass
@@ -460,11 +486,19 @@ class DemoEpisode:
     success: bool = False
     tools: list[dict] | None = None  # tool calling: the environment's tool schemas
 
-    def conversation(self, tokenizer: PreTrainedTokenizerBase, context_turns: int | None = None) -> Conversation:
-        """The episode in the agent layer's token layout, exactly as a rollout of it would be stored."""
-        conv = Conversation(tokenizer, self.system_prompt, context_turns, tools=self.tools)
+    def conversation(
+        self, tokenizer: PreTrainedTokenizerBase, context_turns: int | None = None, memory: MemorySettings | None = None,
+    ) -> Conversation:
+        """The episode in the agent layer's token layout, exactly as a rollout of it would be stored; with `memory`,
+        the oracle's note wherever the rollout would ask for one."""
+        conv = Conversation(tokenizer, self.system_prompt, context_turns, tools=self.tools, memory=memory)
         for turn in self.turns:
             conv.add_observation(turn.observation, turn.actions_left, turn.tool_results)
+            if conv.writing_note:
+                if turn.note is None:
+                    raise ConfigError(f"{self.env_name} has no note oracle, so its demonstrations cannot be laid out "
+                                      "with memory notes")
+                conv.add_response_text(turn.note + MEMORY_CLOSE)
             conv.add_response_text(turn.response)
         return conv
 
@@ -496,7 +530,8 @@ def play_demo(
             actions = parse_tool_turn(response, ResponseFormat(), max_actions_per_turn, env.tool_action).actions
         else:
             actions = parse_response(response, max_actions_per_turn).actions
-        episode.turns.append(DemoTurn(observation, actions_left, response, results))
+        note = NOTE_ORACLES[type(env)](env) if type(env) in NOTE_ORACLES else None
+        episode.turns.append(DemoTurn(observation, actions_left, response, results, note))
         done, results = False, [] if tool_calls else None
         for action in actions:
             observation, _, terminated, truncated, info = env.step(action)

@@ -35,9 +35,9 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ragen2.agent.conversation import user_message
+from ragen2.agent.conversation import MEMORY_REQUEST, MemorySettings, user_message
 from ragen2.cache import default_cache_dir
-from ragen2.tags import TAGS
+from ragen2.tags import MEMORY_CLOSE, MEMORY_OPEN, TAGS
 from ragen2.envs import EVAL_SEED_OFFSET  # demonstrations stay on training seeds, below it
 from ragen2.envs.base import TextEnv
 from ragen2.errors import ConfigError, did_you_mean
@@ -67,6 +67,7 @@ CELL_PATTERN = re.compile(r"\(row \d+, col \d+\)")
 # math, searchqa, code and webshop presets; Countdown's preset uses tiny:countdown).
 CORE_ENVS = ("sokoban", "frozenlake", "bandit")
 TOOL_ENVS = ("countdown", "math", "searchqa", "code", "webshop")
+MEMORY_ENVS = ("corridor",)  # its own warm start, tiny:corridor (docs/memory.md)
 
 # `ENV+tools` in `envs` (model.path=tiny:searchqa+tools,webshop+tools): ENV's demonstrations as native tool calls,
 # laid out as `rollout.tool_calls=true` lays them out; the tokenizer then gets the tiny tools template
@@ -92,15 +93,20 @@ def tool_demo_envs() -> list[str]:
 # FrozenLake alone (its preset's policy, `tiny:frozenlake`, the default run's): part-way on purpose, 700 steps
 # on 1000 episodes, held-out success near 0.4 where the full schedule reaches 0.86, so that RL has headroom.
 # Where it lands depends on the CPU's float rounding, so the default run loads a shipped build (SHIPPED_DIR).
+# Corridor alone (`tiny:corridor`, with its memory notes): 1200 steps on 1000 episodes, about 2 minutes on one core.
 POLICY_SETTINGS: dict[tuple[str, ...], dict[str, Any]] = {
     ("countdown",): {"num_layers": 4, "episodes_per_env": 12000, "episode_shares": {"countdown": 1.0}},
     ("frozenlake",): {"episodes_per_env": 1000, "steps": 700},
+    ("corridor",): {"episodes_per_env": 1000, "steps": 1200},
 }
 
 DEFAULT_ENV_KWARGS: dict[str, dict[str, Any]] = {
     "countdown": {"min_numbers": 2, "max_numbers": 3, "max_value": 9, "max_target": 30},
     "math": {"dataset_kwargs": {"min_terms": 2, "max_terms": 2, "max_digits": 1}},
 }
+# Memory notes (budget, response tokens, turns kept before a note) of the envs whose preset writes them
+# (rollout.memory=summary; a test checks they agree): their demonstrations are also laid out with notes.
+DEFAULT_ENV_MEMORY: dict[str, tuple[int, int, int]] = {"corridor": (400, 32, 1)}
 DEFAULT_EPISODE_SHARES: dict[str, float] = {
     "bandit": 0.25, "countdown": 0.25, "math": 0.25, "searchqa": 0.075, "code": 0.04, "webshop": 0.025,
 }
@@ -108,7 +114,7 @@ DEFAULT_EPISODE_SHARES: dict[str, float] = {
 # the demonstrations have the turn layout that RL and `ragen2 eval` use.
 DEFAULT_ENV_TURNS: dict[str, tuple[int, int]] = {
     "sokoban": (5, 2), "frozenlake": (5, 2), "bandit": (1, 1), "countdown": (1, 1), "math": (3, 1),
-    "searchqa": (5, 1), "code": (1, 1), "webshop": (15, 1),
+    "searchqa": (5, 1), "code": (1, 1), "webshop": (15, 1), "corridor": (7, 1),
 }
 
 
@@ -135,6 +141,9 @@ class WarmStartConfig:
     """Actions per demonstrated answer (the rollout default)."""
     env_turns: dict[str, tuple[int, int]] = field(default_factory=lambda: dict(DEFAULT_ENV_TURNS))
     """Per-environment (max_turns, max_actions_per_turn); missing = the two fields above."""
+    env_memory: dict[str, tuple[int, int, int]] = field(default_factory=lambda: dict(DEFAULT_ENV_MEMORY))
+    """Per-environment memory notes (budget, response tokens, turns kept before a note): its episodes are laid
+    out in every `rollout.memory` mode (`demo_samples`)."""
     vocab_size: int = 1024
     """Byte-level BPE vocabulary, special and tag tokens included."""
     hidden_size: int = 128
@@ -208,6 +217,8 @@ class WarmStartConfig:
                 del settings[name]
         if not self.sokoban_novice:  # the keys of warm starts from before the novice stay valid
             del settings["sokoban_novice"]
+        if not set(self.env_memory) & set(self.envs):  # nor do memory notes change those of other envs
+            del settings["env_memory"]
         blob = json.dumps({"version": WARMSTART_VERSION, **settings}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
@@ -309,7 +320,7 @@ def _build(config: WarmStartConfig, out: Path, device: torch.device) -> None:
     log.info("warm start: %d demonstration episodes in %.1fs", len(demos), time.perf_counter() - start)
 
     tokenizer = demo_tokenizer(demos, config.vocab_size)
-    samples, env_of_sample = demo_samples(demos, tokenizer, config.envs)
+    samples, env_of_sample = demo_samples(demos, tokenizer, config.envs, config.env_memory)
     lengths = [len(ids) for ids, _ in samples]
     log.info(
         "warm start: tokenizer of %d tokens; %d samples, %d tokens (max length %d)",
@@ -377,13 +388,22 @@ def demo_tokenizer(demos: list[DemoEpisode], vocab_size: int) -> PreTrainedToken
     """The tiny policy's tokenizer: BPE trained on the demonstrations, each grid cell one token.
 
     With tool-calling demonstrations it has the tools template and the tool tags as single tokens;
-    without, it is exactly the tokenizer of the warm starts before tool calling.
+    with memory notes, the memory tags as single tokens; without either, it is exactly the tokenizer of
+    the warm starts before them.
     """
     corpus = _corpus(demos)
     cells = sorted({cell for text in corpus for cell in CELL_PATTERN.findall(text)})
+    notes = [MEMORY_OPEN, MEMORY_CLOSE] if any(_writes_notes(ep) for ep in demos) else []
     if not any(ep.tools for ep in demos):
-        return build_tokenizer(corpus, vocab_size=vocab_size, phrases=cells)
-    return build_tokenizer(corpus, vocab_size=vocab_size, phrases=TOOL_TAG_TOKENS + cells, chat_template=TOOLS_CHAT_TEMPLATE)
+        return build_tokenizer(corpus, vocab_size=vocab_size, phrases=notes + cells)
+    return build_tokenizer(corpus, vocab_size=vocab_size, phrases=TOOL_TAG_TOKENS + notes + cells,
+                           chat_template=TOOLS_CHAT_TEMPLATE)
+
+
+def _writes_notes(episode: DemoEpisode) -> bool:
+    return any(turn.note for turn in episode.turns)
+
+
 
 
 def _corpus(demos: list[DemoEpisode]) -> list[str]:
@@ -393,6 +413,8 @@ def _corpus(demos: list[DemoEpisode]) -> list[str]:
         texts.append(ep.system_prompt)
         if ep.tools:
             texts += [TOOLS_PREAMBLE, *(json.dumps(tool, ensure_ascii=False) for tool in ep.tools), TOOLS_POSTAMBLE]
+        if _writes_notes(ep):
+            texts += [MEMORY_REQUEST, *(turn.note for turn in ep.turns)]
         for k, turn in enumerate(ep.turns, start=1):
             texts += turn.tool_results or [user_message(k, turn.observation, turn.actions_left)]
             response = turn.response
@@ -402,15 +424,25 @@ def _corpus(demos: list[DemoEpisode]) -> list[str]:
     return texts
 
 
-def demo_samples(demos: list[DemoEpisode], tokenizer: PreTrainedTokenizerBase, envs: Sequence[str]) -> tuple[list, list[int]]:
+def demo_samples(
+    demos: list[DemoEpisode], tokenizer: PreTrainedTokenizerBase, envs: Sequence[str],
+    env_memory: dict[str, tuple[int, int, int]] = DEFAULT_ENV_MEMORY,
+) -> tuple[list, list[int]]:
     """Every training sample of `demos` in `tokenizer`'s chat template, and the index in `envs` of each
-    one's environment (the SFT loss is averaged per environment)."""
+    one's environment (the SFT loss is averaged per environment). An episode of an env in `env_memory` is
+    laid out in each `rollout.memory` mode, so the policy meets each mode's prompts: the whole history, a
+    window of the turns kept before a note, and the notes a rollout under those settings asks for."""
     samples, env_of_sample = [], []
     for ep in demos:
         entry = ep.env_name + (TOOLS_SUFFIX if ep.tools else "")
-        for sample in ep.conversation(tokenizer).samples():
-            samples.append(sample)
-            env_of_sample.append(list(envs).index(entry))
+        memory = env_memory.get(ep.env_name)
+        layouts = [{}]
+        if memory:
+            layouts += [{"context_turns": memory[2]}, {"memory": MemorySettings(*memory)}]
+        for layout in layouts:
+            for sample in ep.conversation(tokenizer, **layout).samples():
+                samples.append(sample)
+                env_of_sample.append(list(envs).index(entry))
     return samples, env_of_sample
 
 
@@ -471,19 +503,19 @@ def validation_success(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBas
     with the warm start's environment settings. Each episode samples from its own stream, so the check
     leaves the fine-tuning's random state alone."""
     from ragen2.agent.backends import HFBackend
-    from ragen2.agent.rollout import rollout, stable_seed
+    from ragen2.agent.rollout import rollout, stable_seed, stop_strings
     from ragen2.config import load_config
     from ragen2.envs import validation_seeds
 
     was_training = model.training
     model.eval()
-    backend = HFBackend(model, tokenizer)
     n = config.check_episodes
     rates = []
     for entry in config.envs:
         name, tool_calls = demo_env(entry)
         preset = load_config(name)
         cfg = dataclasses.replace(preset.rollout, temperature=preset.trainer.eval_temperature, tool_calls=tool_calls)
+        backend = HFBackend(model, tokenizer, stop_strings(cfg))
         samples = [stable_seed(config.seed, "validation", name, i) for i in range(n)]
         trajectories = rollout(backend, tokenizer, name, config.env_kwargs.get(name, {}), validation_seeds(n),
                                list(range(n)), cfg, sample_seeds=samples)

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ragen2.agent import GenerationBackend, HFBackend, RolloutStats, Trajectory, Turn, group_seeds, rollout, summarize
-from ragen2.agent.rollout import stable_seed
+from ragen2.agent.rollout import stable_seed, stop_strings
 from ragen2.agent.vllm_backend import VLLMBackend
 from ragen2.config import Config
 from ragen2.envs import EVAL_SEED_OFFSET
@@ -162,9 +162,10 @@ def make_backend(run: Run) -> GenerationBackend:
         return HFBackend(run.policy, run.tokenizer, stop_strings=(), prefix_reuse=r.prefix_reuse)
     if r.backend == "vllm":
         return VLLMBackend(
-            run.policy, run.tokenizer, gpu_memory_utilization=r.vllm_gpu_memory_utilization, seed=run.config.trainer.seed
+            run.policy, run.tokenizer, stop_strings=stop_strings(r), gpu_memory_utilization=r.vllm_gpu_memory_utilization,
+            seed=run.config.trainer.seed,
         )
-    return HFBackend(run.policy, run.tokenizer, prefix_reuse=r.prefix_reuse)
+    return HFBackend(run.policy, run.tokenizer, stop_strings=stop_strings(r), prefix_reuse=r.prefix_reuse)
 
 
 def push_weights(run: Run, step: int) -> None:

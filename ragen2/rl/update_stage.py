@@ -249,7 +249,7 @@ def norm_tokens(config: Config) -> float | None:
     if loss_agg(config) != "seq-mean-token-sum":
         return None
     r = config.rollout
-    return float(r.max_tokens_per_turn * (r.max_turns if r.context_turns is None else 1))
+    return float(r.max_tokens_per_turn * (1 if r.memory == "window" else r.max_turns))
 
 
 def _sum_over_ranks(totals: dict[str, torch.Tensor], keys: list[str]) -> dict[str, torch.Tensor]:

@@ -374,7 +374,7 @@ def test_rollout_with_every_option(model, tokenizer):
 
 
 def test_conversation_from_config(tokenizer):
-    cfg = RolloutConfig(context_turns=2, enable_think=False, action_sep=";", max_model_len=300)
+    cfg = RolloutConfig(memory="window", context_turns=2, enable_think=False, action_sep=";", max_model_len=300)
     conv = conversation(tokenizer, "Answer as <think>...</think><answer>A || B</answer>", cfg)
     assert (conv.context_turns, conv.fmt, conv.max_len) == (2, ResponseFormat(False, ";"), 300)
     assert conv.system_prompt == "Answer as <answer>A ; B</answer>"

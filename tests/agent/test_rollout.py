@@ -189,7 +189,8 @@ def test_a_raising_env_ends_only_its_episode(tokenizer):
 @pytest.mark.parametrize("eos", [True, False])
 def test_loss_mask_covers_exactly_the_generated_tokens(tokenizer, context_turns, eos):
     trajs, backend, _ = play(tokenizer, lambda text, turn: GOOD.format("Right"), seeds=[2, 1],
-                             cfg=RolloutConfig(max_actions_per_turn=1, context_turns=context_turns), eos=eos)
+                             cfg=RolloutConfig(max_actions_per_turn=1, context_turns=context_turns,
+                                               memory="full" if context_turns is None else "window"), eos=eos)
     sent = {tuple(p): o.token_ids for ps, outs in zip(backend.calls, backend.outputs) for p, o in zip(ps, outs)}
     for t in trajs:
         assert all(turn.response_ids == sent[tuple(turn.prompt_ids)] for turn in t.turns)  # kept as generated

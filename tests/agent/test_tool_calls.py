@@ -183,8 +183,8 @@ def test_the_tool_call_warm_start_calls_tools_in_a_valid_format_in_most_held_out
 def test_tool_calls_need_an_env_with_tools():
     with pytest.raises(ConfigError, match="env.name=sokoban has none"):
         load_config("sokoban", ["rollout.tool_calls=true"])
-    with pytest.raises(ConfigError, match="rollout.context_turns=null"):
-        load_config("searchqa", ["rollout.tool_calls=true", "rollout.context_turns=1"])
+    with pytest.raises(ConfigError, match="rollout.memory=full"):
+        load_config("searchqa", ["rollout.tool_calls=true", "rollout.memory=window"])
 
 
 def test_webshop_tools_are_its_actions():

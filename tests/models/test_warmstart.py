@@ -195,15 +195,19 @@ def test_the_two_built_in_warm_starts_cover_every_env_in_its_preset_turn_layout(
 
     config = ws.WarmStartConfig()
     assert config.envs == ws.CORE_ENVS
-    assert sorted(ws.CORE_ENVS + ws.TOOL_ENVS) == sorted(names())
+    assert sorted(ws.CORE_ENVS + ws.TOOL_ENVS + ws.MEMORY_ENVS) == sorted(names())
     assert {cls for cls in ORACLES} >= {type(make(name, **config.env_kwargs.get(name, {}))) for name in names()}
     for name in names():
         expected_path = (
-            None if name in ws.CORE_ENVS else "tiny:countdown" if name == "countdown" else "tiny:" + ",".join(ws.TOOL_ENVS)
+            None if name in ws.CORE_ENVS else f"tiny:{name}" if name in ("countdown", *ws.MEMORY_ENVS)
+            else "tiny:" + ",".join(ws.TOOL_ENVS)
         )
         assert load_config(name).model.path == expected_path, name
-        rollout_cfg = load_config(name).rollout
-        assert config.env_turns[name] == (rollout_cfg.max_turns, rollout_cfg.max_actions_per_turn), name
+        r = load_config(name).rollout
+        assert config.env_turns[name] == (r.max_turns, r.max_actions_per_turn), name
+        notes = (r.memory_budget, r.max_tokens_per_turn, r.context_turns or 1) if r.memory == "summary" else None
+        assert config.env_memory.get(name) == notes, name
+    assert ws.make_config(0, {}).key() == ws.make_config(0, {"env_memory": {}}).key()  # notes leave other keys
 
 
 def test_policy_settings_apply_to_their_envs_and_give_way_to_explicit_settings(tmp_path):
