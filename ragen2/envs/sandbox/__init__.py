@@ -96,6 +96,18 @@ of its own gets locked copies of the mounts), and:
   host's is in its filesystem; its supplementary groups stay (they show as the
   overflow gid), as they cannot be dropped once setgroups is denied.
 
+Programs (`Limits(programs=True)`), for harnesses whose actions are shell commands
+(ragen2.coding runs each command of a coding agent this way). The fork server of such
+runs adds to the read-only root the machine's /usr (with /bin, /lib and the like, and
+Debian's /etc/alternatives), with /usr/local and every Python package directory hidden,
+and the host's interpreter at its own path (site-packages hidden), run as `python` and
+`python3` from /usr/local/bin; its filter allows execve and execveat (`syscalls.EXEC`),
+and the audit hook is off, since it refuses subprocesses. Everything else above holds
+for every process of the run: the namespaces, the uid, the filter's other rules, the
+limits (RLIMIT_CPU is per process; the wall limit and the memory cgroup are the run's),
+and the run's tmpfs is noexec, so what a run writes can be read by an interpreter
+(`bash x.sh`, `python x.py`) but not executed itself (`./x.sh`) or loaded as a library.
+
 No silent downgrade. When the machine cannot provide this (not root and no user
 namespaces, no namespaces, no permission to mount), `run_program` and `prepare` raise
 `SandboxUnavailable`, which says what failed and what to enable.

@@ -87,6 +87,11 @@ class Limits:
     """Install the in-interpreter audit hook on top of the OS limits (off only to test the OS layer)."""
     allow_unsandboxed: bool = False
     """Where the machine cannot isolate programs, run them anyway (logged as a warning) instead of refusing."""
+    programs: bool = False
+    """Let the program start the machine's programs (a shell, the core utilities, Python with its standard library
+    only), for harnesses whose actions are shell commands (ragen2.coding): /usr is shown read-only, less /usr/local
+    and Python's package directories, and exec is allowed; what a run writes still cannot be executed, and the audit
+    hook is off, since it refuses subprocesses. Everything else above holds for all of the run's processes."""
 
     def __post_init__(self) -> None:
         if not self.wall_s > 0:
@@ -228,12 +233,12 @@ class _ForkServer:
     the socket (the host exiting included).
     """
 
-    def __init__(self, isolated: bool) -> None:
+    def __init__(self, isolated: bool, programs: bool = False) -> None:
         rootless = isolated and os.geteuid() != 0
         if rootless and (missing := _user_namespaces_missing()):
             raise SandboxUnavailable(f"the host process does not run as root, and {missing}")
         try:
-            seccomp_filter, keyctl = syscalls.compiled_filter(), syscalls.keyctl_number()
+            seccomp_filter, keyctl = syscalls.compiled_filter(allow_exec=programs), syscalls.keyctl_number()
         except (ImportError, OSError, RuntimeError) as e:
             raise SandboxUnavailable(
                 f"the system call filter cannot be built ({e}); it needs libseccomp.so.2 (Debian and Ubuntu: "
@@ -245,12 +250,14 @@ class _ForkServer:
             "libraries": _runtime_libraries() if isolated else [],
             "filter": seccomp_filter.hex(),
             "keyctl": keyctl,
+            "programs": {"prefix": sys.base_prefix, "python": f"python{sys.version_info[0]}.{sys.version_info[1]}"}
+            if programs else None,
         }
         host_end, server_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.proc = subprocess.Popen(
             [sys.executable, "-S", "-P", "-c", SERVER_SOURCE, str(server_end.fileno()), json.dumps(config)],
             pass_fds=[server_end.fileno()],
-            env=_ENV,
+            env={**_ENV, "PATH": "/usr/local/bin:/usr/bin:/bin"} if programs else _ENV,
             cwd="/",
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -281,7 +288,7 @@ class _ForkServer:
             socket.send_fds(self.sock, [json.dumps(request).encode()], fds)
 
 
-_servers: dict[bool, _ForkServer] = {}  # by `isolated`
+_servers: dict[tuple[bool, bool], _ForkServer] = {}  # by (`isolated`, `Limits.programs`)
 _server_lock = threading.Lock()
 _isolation_error: str | None = None
 """Why this machine cannot isolate programs, once a run that allowed unsandboxed execution found out."""
@@ -289,22 +296,22 @@ _verified = False
 """An isolated run has completed in this process."""
 
 
-def _fork_server(isolated: bool) -> _ForkServer:
+def _fork_server(kind: tuple[bool, bool]) -> _ForkServer:
     with _server_lock:
-        server = _servers.get(isolated)
+        server = _servers.get(kind)
         if server is None or not server.alive():
-            server = _servers[isolated] = _ForkServer(isolated)
+            server = _servers[kind] = _ForkServer(*kind)
         return server
 
 
-def _spawn(isolated: bool, request: dict, fds: list[int]) -> None:
-    """Send a run to the fork server, starting a new one if the last one is gone."""
+def _spawn(kind: tuple[bool, bool], request: dict, fds: list[int]) -> None:
+    """Send a run to the fork server of its `kind` (isolated, programs), starting a new one if the last one is gone."""
     try:
-        _fork_server(isolated).spawn(request, fds)
+        _fork_server(kind).spawn(request, fds)
     except OSError:  # it died between the liveness check and the send
         with _server_lock:
-            _servers.pop(isolated, None)
-        _fork_server(isolated).spawn(request, fds)
+            _servers.pop(kind, None)
+        _fork_server(kind).spawn(request, fds)
 
 
 def _fall_back(missing: str) -> None:
@@ -368,7 +375,7 @@ def _run(source: str, stdin: str, limits: Limits, isolated: bool) -> RunResult:
             "scratch_bytes": 4 * limits.max_file_bytes,
             "processes": processes,
             "open_files": limits.max_open_files,
-            "audit_hook": limits.audit_hook,
+            "audit_hook": limits.audit_hook and not limits.programs,
             "cgroup_join": memory_cgroup.join if memory_cgroup else None,
             "split": split,
         }
@@ -380,7 +387,7 @@ def _run(source: str, stdin: str, limits: Limits, isolated: bool) -> RunResult:
         status, status_child = socket.socketpair()
         source_fd = os.open(source_path, os.O_RDONLY)
         try:
-            _spawn(isolated, request, [in_r, source_fd, out_w, err_w, status_child.fileno()])
+            _spawn((isolated, limits.programs), request, [in_r, source_fd, out_w, err_w, status_child.fileno()])
         except BaseException:
             for fd in (in_w, out_r, err_r):
                 os.close(fd)

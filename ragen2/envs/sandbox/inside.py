@@ -33,7 +33,7 @@ def _server_main() -> None:
     server = {"stdlib_fd": None, "filter": _seccomp_program(config["filter"]), "keyctl": config["keyctl"]}
     if config["isolated"]:
         try:
-            _build_root(libc, config["libraries"], config["rootless"])
+            _build_root(libc, config["libraries"], config["rootless"], config["programs"])
         except OSError as e:
             control.send(f"error {e.strerror}".encode())
             return
@@ -78,13 +78,19 @@ def _seccomp_program(bpf_hex: str) -> object:
     return ctypes.byref(SockFprog(len(bpf) // 8, bpf))  # 8 bytes per instruction (struct sock_filter)
 
 
-def _build_root(libc: object, libraries: list, rootless: bool) -> None:
+def _build_root(libc: object, libraries: list, rootless: bool, programs: dict | None = None) -> None:
     """Once per fork server: a private mount namespace whose `_ROOT` is the sandbox's read-only filesystem.
 
     It holds the standard library at `_STDLIB` (site-packages hidden by an empty
     tmpfs), the shared libraries its extension modules load and /etc/ld.so.cache (so
     that dlopen finds them), four harmless devices, and empty mount points for /proc,
     /work, /tmp and /dev/shm, which every run fills with its own.
+
+    `programs` (`Limits.programs`: {"prefix": the interpreter's sys.base_prefix,
+    "python": its pythonX.Y}) also shows the machine's programs, read-only: /usr with
+    /bin, /lib and the like, less /usr/local (software of the machine's own) and every
+    Python package directory, and the host's interpreter at its own path (its
+    site-packages hidden), run as `python` and `python3` from /usr/local/bin.
 
     `rootless`: the host is not root, so the server first enters a user namespace of
     its own, which owns the new mount namespace and in which it may mount. The host's
@@ -122,8 +128,10 @@ def _build_root(libc: object, libraries: list, rootless: bool) -> None:
         if os.path.isdir(os.path.join(stdlib, packages)):
             hidden = f"{_ROOT}{_STDLIB}/{packages}".encode()
             _libc_call(libc, "mount", b"tmpfs", hidden, b"tmpfs", rdonly | nosuid | nodev | noexec, b"size=4k")
+    if programs:
+        _show_programs(libc, show, programs)
     for path in [*libraries, "/etc/ld.so.cache"]:
-        if os.path.exists(path):
+        if os.path.exists(path) and not os.path.lexists(_ROOT + path):  # with `programs`, /usr may hold it
             show(path)
     for device in ("null", "zero", "random", "urandom"):
         show("/dev/" + device, writable=True)
@@ -133,6 +141,39 @@ def _build_root(libc: object, libraries: list, rootless: bool) -> None:
                          ("stderr", "/proc/self/fd/2")):  # fmt: skip
         os.symlink(target, os.path.join(_ROOT, "dev", name))
     _libc_call(libc, "mount", None, _ROOT.encode(), None, remount | rdonly | nosuid | nodev, None)
+
+
+def _show_programs(libc: object, show: object, programs: dict) -> None:
+    """The part of `_build_root` for `Limits.programs`: /usr and the interpreter, read-only, packages hidden."""
+    import glob
+    import os
+
+    rdonly, nosuid, nodev, noexec, remount = 1, 2, 4, 8, 32
+
+    def hide(path, writable=False):  # an empty tmpfs over `path` in the sandbox
+        flags = nosuid | nodev | (0 if writable else rdonly | noexec)
+        _libc_call(libc, "mount", b"tmpfs", (_ROOT + path).encode(), b"tmpfs", flags, b"size=64k,mode=755")
+
+    show("/usr")
+    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):  # merged-/usr links, or directories
+        if os.path.islink("/" + name):
+            os.symlink(os.readlink("/" + name), _ROOT + "/" + name)
+        elif os.path.isdir("/" + name):
+            show("/" + name)
+    if os.path.isdir("/etc/alternatives"):  # Debian's awk, which, ...: links to links in /usr
+        show("/etc/alternatives")
+    hide("/usr/local", writable=True)  # filled below, then made read-only
+    prefix, python = programs["prefix"], programs["python"]
+    os.makedirs(_ROOT + "/usr/local/bin")
+    for name in ("python", "python3"):
+        os.symlink(os.path.join(prefix, "bin", python), f"{_ROOT}/usr/local/bin/{name}")
+    if prefix.startswith("/usr/local") or not (prefix + "/").startswith("/usr/"):  # else /usr shows it already
+        show(prefix)
+    packages = [f"{prefix}/lib/{python}/site-packages", *glob.glob("/usr/lib/python3*/*-packages")]
+    for path in packages:
+        if os.path.isdir(_ROOT + path):
+            hide(path)
+    _libc_call(libc, "mount", None, (_ROOT + "/usr/local").encode(), None, remount | rdonly | nosuid | nodev, None)
 
 
 def _launch(request: dict, fds: list, libc: object, server: dict) -> None:
@@ -428,7 +469,7 @@ def _audit_hook(writable: tuple, readable: tuple) -> object:
 
 _SERVER_FUNCTIONS = (
     _audit_hook, _run_program, _enter_sandbox, _drop_capabilities, _enter_user_namespace, _enter_root, _isolate,
-    _launch, _build_root, _seccomp_program, _libc_call, _server_main,
+    _launch, _show_programs, _build_root, _seccomp_program, _libc_call, _server_main,
 )  # fmt: skip
 SERVER_SOURCE = (
     f"_ROOT, _SCRATCH, _STDLIB = {_ROOT!r}, {_SCRATCH!r}, {_STDLIB!r}\n\n"

@@ -56,17 +56,25 @@ _CLONE_NAMESPACES = {
 }
 
 
+EXEC = ("execve", "execveat")
+"""Allowed where a run may start the machine's programs (`Limits.programs`): they are read-only files of the
+sandbox's root, and a file the run wrote cannot be executed (its tmpfs is noexec; memfds stay refused)."""
+
+
 @functools.cache
-def compiled_filter() -> bytes:
+def compiled_filter(allow_exec: bool = False) -> bytes:
     """The filter as a classic BPF program (an array of `struct sock_filter`) for PR_SET_SECCOMP.
 
-    Raises OSError or RuntimeError (pyseccomp's, when libseccomp.so.2 is missing) if it cannot be built.
+    `allow_exec` leaves out `EXEC` (`Limits.programs`). Raises OSError or RuntimeError
+    (pyseccomp's, when libseccomp.so.2 is missing) if it cannot be built.
     """
     import pyseccomp as seccomp
 
     rules = seccomp.SyscallFilter(seccomp.ALLOW)
     rules.set_attr(seccomp.Attr.ACT_BADARCH, seccomp.KILL_PROCESS)
     for name in DENIED:
+        if allow_exec and name in EXEC:
+            continue
         rules.add_rule(seccomp.ERRNO(errno.EPERM), name)
     for flag in _CLONE_NAMESPACES.values():
         rules.add_rule(seccomp.ERRNO(errno.EPERM), "clone", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
