@@ -1,0 +1,5 @@
+"""Small statistics helpers."""
+
+from tinystats.core import mean, spread
+
+__all__ = ["mean", "spread"]
