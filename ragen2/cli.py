@@ -471,7 +471,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR",
                    help="Results directory (default: a new diagnose/<file name>-<time>/ in the current directory; "
                    "a run's rollouts/step_N.jsonl is named <run>-step_N).")
-    p.add_argument("--scheme", default="first_turn", choices=["first_turn", "trajectory", "pairs"],
+    p.add_argument("--scheme", default="first_turn", choices=["first_turn", "trajectory", "pairs", "memory"],
                    help="Pair sampling (default: first_turn; see docs/diagnostics.md).")
     p.add_argument("--num-samples", type=int, default=64, help="Pairs to score (default: 64, the reference).")
     p.add_argument("--seed", type=int, default=0, help="Seed of the pair sampling (default: 0).")

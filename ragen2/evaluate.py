@@ -185,6 +185,7 @@ def write_rollout_records(path: Path, trajectories: list[Trajectory], tokenizer:
                     "reasoning_span": list(turn.reasoning_span),
                     "logprobs": None if turn.logprobs is None else [round(x, 6) for x in turn.logprobs],
                     "tokenizer": vocab,
+                    **({"memory": True} if turn.memory else {}),
                 }
                 f.write(json.dumps(record) + "\n")
 

@@ -605,3 +605,29 @@ def test_report_overlays_a_mixtures_tags_in_their_own_colours(tmp_path: Path) ->
     assert retrieval.get_ylabel() == "Retrieval-Acc (first turn)"
     held_out = [line.get_ydata().tolist() for line in retrieval.get_lines() if line.get_color() == "C2"]
     assert held_out == [[0.5, 0.5], [0.5, 0.5]]  # the variant's held-out Retrieval-Acc, diamonds of both runs
+
+
+def test_memory_runs_get_a_panel_of_their_notes(tmp_path: Path) -> None:
+    """A run under rollout.memory=summary: the notes' Retrieval-Acc and MI-ZScore-EMA beside the reasoning's, the
+    notes per episode and the prompt length, at the values logged. A run without notes has no such figure and
+    does not list it as missing."""
+    with Tracker(tmp_path / "notes", {}, tensorboard=False) as tracker:
+        for step in (1, 5, 10):
+            tracker.log(step, {"collapse_memory/num_pairs": 8, "collapse_memory/retrieval_acc": 0.1 * step,
+                               "collapse_memory/chance_level": 0.125, "collapse_memory/mi_zscore_ema": 2.0 - 0.1 * step,
+                               f"{_TRAJ}/retrieval_acc": 0.5, f"{_TRAJ}/mi_zscore_ema": 1.0,
+                               "rollout/memory_turns_mean": 1.0, "rollout/memory_valid_rate": 0.75,
+                               "rollout/prompt_tokens_mean": 250.0})
+    retrieval, zscore, notes, prompt = _draw("memory", [tmp_path / "notes"]).axes
+    lines = {line.get_label(): line for line in retrieval.get_lines()}
+    assert list(lines["memory notes"].get_ydata()) == pytest.approx([0.1, 0.5, 1.0])
+    assert list(lines["reasoning (trajectory)"].get_ydata()) == [0.5] * 3
+    assert list({line.get_label(): line for line in zscore.get_lines()}["memory notes"].get_ydata()) == \
+        pytest.approx([1.9, 1.5, 1.0])
+    assert _labelled(notes) == ["notes per episode", "share of notes that parse"]
+    assert list(prompt.get_lines()[0].get_ydata()) == [250.0] * 3
+    html = write_report(tmp_path / "notes").read_text()
+    assert 'src="figures/memory.png"' in html
+    _write_run(tmp_path / "plain", steps=12, grad_snr=False)
+    html = write_report(tmp_path / "plain").read_text()
+    assert "memory.png" not in html and "collapse_memory" not in html

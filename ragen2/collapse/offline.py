@@ -38,9 +38,9 @@ from ragen2.collapse.scoring import score_matrix
 from ragen2.errors import ConfigError, RolloutFormatError
 from ragen2.evaluate import new_results_dir, tokenizer_fingerprint
 from ragen2.models.loading import DTYPES, check_model_path, resolve_device, resolve_model_path
-from ragen2.tags import THINK_OPEN
+from ragen2.tags import MEMORY_OPEN, THINK_OPEN
 
-SCHEMES = ("first_turn", "trajectory", "pairs")
+SCHEMES = ("first_turn", "trajectory", "pairs", "memory")
 
 
 # ----------------------------------------------------------------------------- choosing pairs
@@ -71,6 +71,8 @@ def select_pairs(records: Sequence[Record], scheme: str, num_samples: int, rng: 
       every pair is its own column.
     - pairs: up to `num_samples` records with reasoning, drawn without replacement, every pair
       its own column (identical inputs still form one class).
+    - memory: `pairs` over the memory notes (`Record.memory`), each against the histories of the drawn
+      notes, as `collapse_memory/` in training. The other schemes leave memory notes out.
 
     An episode is the records sharing (group, episode), ordered by `turn` then by line; records
     without `episode` are episodes of one turn.
@@ -78,8 +80,14 @@ def select_pairs(records: Sequence[Record], scheme: str, num_samples: int, rng: 
     if scheme not in SCHEMES:
         raise ConfigError(f"scheme={scheme!r} is not allowed; allowed values: {', '.join(SCHEMES)}")
     has_reasoning = [bool(r.reasoning.strip()) for r in records]
+    if scheme == "memory":
+        notes = [i for i, r in enumerate(records) if r.memory]
+        valid = [i for i in notes if has_reasoning[i]]
+        pairs = [valid[k] for k in rng.permutation(len(valid))[:num_samples]]
+        return Selection(pairs, pairs, list(range(len(pairs))), len(notes), len(notes) - len(valid))
+    acting = [i for i, r in enumerate(records) if not r.memory]
     if scheme == "first_turn":
-        firsts = [episode[0] for episode in _episodes(records)]
+        firsts = [episode[0] for episode in _episodes(records, acting)]
         keys: dict[tuple[str, str, str | None], int] = {}  # (group, input) -> column
         columns: list[int] = []
         column_of = {}
@@ -93,22 +101,24 @@ def select_pairs(records: Sequence[Record], scheme: str, num_samples: int, rng: 
         pairs = [valid[k] for k in rng.permutation(len(valid))[:num_samples]]
         return Selection(pairs, columns, [column_of[i] for i in pairs], len(firsts), len(firsts) - len(valid))
     if scheme == "trajectory":
-        episodes = _episodes(records)
+        episodes = _episodes(records, acting)
         drawn = []
         for _ in range(num_samples):
             episode = episodes[rng.integers(len(episodes))]
             drawn.append(episode[rng.integers(len(episode))])
         pairs = [i for i in drawn if has_reasoning[i]]
         return Selection(pairs, pairs, list(range(len(pairs))), len(drawn), len(drawn) - len(pairs))
-    valid = [i for i in range(len(records)) if has_reasoning[i]]
+    valid = [i for i in acting if has_reasoning[i]]
     pairs = [valid[k] for k in rng.permutation(len(valid))[:num_samples]]
-    return Selection(pairs, pairs, list(range(len(pairs))), len(records), len(records) - len(valid))
+    return Selection(pairs, pairs, list(range(len(pairs))), len(acting), len(acting) - len(valid))
 
 
-def _episodes(records: Sequence[Record]) -> list[list[int]]:
-    """Record indices of each episode in turn order; episodes in order of first appearance."""
+def _episodes(records: Sequence[Record], members: Sequence[int]) -> list[list[int]]:
+    """Indices `members` of `records` grouped into episodes, each in turn order; episodes in order of first
+    appearance."""
     episodes: dict[Any, list[int]] = {}
-    for i, r in enumerate(records):
+    for i in members:
+        r = records[i]
         key = (_json_key(r.group), _json_key(r.episode)) if r.episode is not None else ("line", r.line)
         episodes.setdefault(key, []).append(i)
 
@@ -130,7 +140,8 @@ def render_prompt(record: Record, tokenizer: PreTrainedTokenizerBase, unit: str 
     """The text before the reasoning: the string as-is, or the chat rendered for generation.
 
     Appended after it: `record.prefix` when the record carries one (converted TRL completions),
-    else `<think>` after a chat template that does not already end with it, else nothing.
+    else `<think>` (`<memory>` for a memory note) after a chat template that does not already end with
+    it, else nothing.
     """
     if isinstance(record.prompt, str):
         return record.prompt + (record.prefix or "")
@@ -147,7 +158,8 @@ def render_prompt(record: Record, tokenizer: PreTrainedTokenizerBase, unit: str 
         ) from e
     if record.prefix is not None:
         return text + record.prefix
-    return text if text.rstrip().endswith(THINK_OPEN) else text + THINK_OPEN
+    opening = MEMORY_OPEN if record.memory else THINK_OPEN  # a note follows `<memory>`
+    return text if text.rstrip().endswith(opening) else text + opening
 
 
 @dataclass

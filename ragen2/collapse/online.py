@@ -19,6 +19,10 @@ Two sampling schemes, logged under separate prefixes (RAGEN-2, Sec. 4):
   first turns are. Does turn K's reasoning still depend on what turn K shows?
 - `collapse_role/<role>/`: the trajectory scheme's pairs of each agent role (`Turn.role`, set by agent
   loops behind the endpoint) scored against that role's inputs only, from the same scores.
+- `collapse_memory/`: memory notes (`rollout.memory=summary`; `Turn.memory`) against the prompts they were
+  written from, the history they summarise: up to `num_samples` notes, each prompt its own column. Does the
+  note still depend on what it summarises? Drawn only from a batch that has notes. The reasoning schemes
+  above draw from the acting turns only.
 
 The reasoning Z is `turn.response_ids[start:end]` for the turn's `reasoning_span`; the input X
 is `turn.prompt_ids` (it ends with `<think>`). Turns with empty reasoning are dropped and
@@ -50,6 +54,7 @@ from ragen2.collapse.scoring import score_matrices
 from ragen2.config import CollapseConfig, Config
 
 SCHEMES = ("first_turn", "trajectory")
+MEMORY_SCHEME = "memory"  # notes against the histories they summarise, where a batch has notes
 RECALL_KS = (2, 4, 8)  # recall@1 is retrieval_acc, logged once
 EMA_KEYS = ("mi_zscore_ema", "marginal_std_ema")  # left out where no EMA is carried from check to check
 
@@ -124,17 +129,21 @@ class OnlineDiagnostics:
         """
         out: dict[str, float] = {}
         drawn: dict[str, Pairs] = {}
-        for stream, scheme in enumerate(self.schemes):
+        notes = any(turn.memory for t in trajectories for turn in t.turns)
+        schemes = self.schemes + ((MEMORY_SCHEME,) if notes else ())
+        for stream, scheme in enumerate(schemes):
             rng = np.random.default_rng([self.seed % 2**63, step, stream])
             if scheme == "trajectory":
                 drawn[scheme] = trajectory_pairs(trajectories, self.config.num_samples, rng)
+            elif scheme == MEMORY_SCHEME:
+                drawn[scheme] = memory_pairs(trajectories, self.config.num_samples, rng)
             else:  # first_turn, turn_K
                 turn = 0 if scheme == "first_turn" else int(scheme.removeprefix("turn_")) - 1
                 drawn[scheme] = turn_pairs(trajectories, turn, self.config.num_samples, rng)
             out[f"collapse_{scheme}/valid_thinking_rate"] = drawn[scheme].valid_thinking_rate
             if not drawn[scheme].reasonings:
                 out[f"collapse_{scheme}/num_pairs"] = 0.0
-        scored = [scheme for scheme in self.schemes if drawn[scheme].reasonings]
+        scored = [scheme for scheme in schemes if drawn[scheme].reasonings]
         if not scored:
             return out
         matrices = score_matrices(  # together: the schemes share first prompts and first-turn reasonings
@@ -144,7 +153,7 @@ class OnlineDiagnostics:
         for scheme, logp in zip(scored, matrices):  # logp [M, P]
             pairs = drawn[scheme]
             result, self.ema[scheme] = proxies(logp, pairs, range(len(pairs.reasonings)), range(len(pairs.prompts)),
-                                               self.config.marginal, self.ema[scheme])
+                                               self.config.marginal, self.ema.get(scheme))
             out.update({f"collapse_{scheme}/{key}": value for key, value in result.items()})
             if self.per_tag:
                 out.update(self.split_metrics(logp, pairs, pairs.column_tags, lambda tag: f"{scheme}/{tag}"))
@@ -264,7 +273,7 @@ def summary_rows(records: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
     its reason next to it.
     """
     rows = []
-    for scheme in SCHEMES:
+    for scheme in (*SCHEMES, MEMORY_SCHEME):
         prefix = f"collapse_{scheme}/"
         check = next((r for r in reversed(records) if r.get(prefix + "num_pairs") is not None), None)
         if check is None:
@@ -277,7 +286,7 @@ def summary_rows(records: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
         m, distinct = check[prefix + "num_pairs"], check.get(prefix + "num_distinct_inputs")
         counts = f"{m:.0f} pair{'' if m == 1 else 's'}" + (f", {distinct:.0f} distinct inputs" if distinct else "")
         rows.append((
-            f"MI proxies ({scheme.replace('_', ' ')})",
+            f"MI proxies ({'memory notes' if scheme == MEMORY_SCHEME else scheme.replace('_', ' ')})",
             f"Retrieval-Acc {shown('retrieval_acc', '.3f')} (chance {shown('chance_level', '.3f')}), "
             f"MI-ZScore-EMA {shown('mi_zscore_ema', '.3g')}; {counts} (step {check['step']})",
         ))
@@ -288,6 +297,11 @@ def reasoning_ids(turn: Turn) -> list[int]:
     """Z: the turn's reasoning tokens, strictly between `<think>` and `</think>` (may be empty)."""
     start, end = turn.reasoning_span
     return list(turn.response_ids[start:end])
+
+
+def acting(trajectory: Trajectory) -> list[Turn]:
+    """The turns that acted: all but memory notes, which `memory_pairs` scores apart."""
+    return [turn for turn in trajectory.turns if not turn.memory]
 
 
 def first_turn_pairs(trajectories: Sequence[Trajectory], num_samples: int, rng: np.random.Generator) -> Pairs:
@@ -308,9 +322,9 @@ def turn_pairs(trajectories: Sequence[Trajectory], turn: int, num_samples: int, 
     tags: list[str] = []  # each column's tag
     roles: list[str | None] = []  # each column's role
     candidates: list[tuple[int, list[int]]] = []  # (column, Z) of every such turn with reasoning
-    reached = [t for t in trajectories if len(t.turns) > turn]
+    reached = [t for t in trajectories if len(acting(t)) > turn]
     for traj in reached:
-        this = traj.turns[turn]
+        this = acting(traj)[turn]
         column = columns.setdefault((traj.group_id, tuple(this.prompt_ids)), len(columns))
         tags += [traj.tag] * (len(columns) - len(tags))
         roles += [this.role] * (len(columns) - len(roles))
@@ -335,12 +349,13 @@ def trajectory_pairs(trajectories: Sequence[Trajectory], num_samples: int, rng: 
     Draws are with replacement, as the scheme is defined; a draw whose reasoning is empty is
     dropped after drawing, and `valid_thinking_rate` is the share of draws that were kept.
     """
-    with_turns = [t for t in trajectories if t.turns]
+    with_turns = [t for t in trajectories if acting(t)]
     prompts, reasonings, tags, groups, roles = [], [], [], [], []
     drawn = num_samples if with_turns else 0
     for _ in range(drawn):
         traj = with_turns[rng.integers(len(with_turns))]
-        turn = traj.turns[rng.integers(len(traj.turns))]
+        turns = acting(traj)
+        turn = turns[rng.integers(len(turns))]
         z = reasoning_ids(turn)
         if z:
             prompts.append(list(turn.prompt_ids))
@@ -356,4 +371,22 @@ def trajectory_pairs(trajectories: Sequence[Trajectory], num_samples: int, rng: 
         column_tags=tags,
         column_groups=groups,
         column_roles=roles,
+    )
+
+
+def memory_pairs(trajectories: Sequence[Trajectory], num_samples: int, rng: np.random.Generator) -> Pairs:
+    """Up to `num_samples` memory notes, drawn without replacement among the non-empty ones, each scored against
+    the prompts of the drawn notes: the histories they were written from, one column each (identical prompts
+    still form one class). `valid_thinking_rate` is the share of the batch's notes that are non-empty."""
+    notes = [(traj, turn) for traj in trajectories for turn in traj.turns if turn.memory]
+    candidates = [(traj, turn) for traj, turn in notes if reasoning_ids(turn)]
+    picked = [candidates[i] for i in rng.permutation(len(candidates))[:num_samples]]
+    return Pairs(
+        prompts=[list(turn.prompt_ids) for _, turn in picked],
+        reasonings=[reasoning_ids(turn) for _, turn in picked],
+        source=list(range(len(picked))),
+        valid_thinking_rate=len(candidates) / len(notes) if notes else 0.0,
+        column_tags=[traj.tag for traj, _ in picked],
+        column_groups=[traj.group_id for traj, _ in picked],
+        column_roles=[turn.role for _, turn in picked],
     )

@@ -4,7 +4,12 @@ Input is a file of rollout records (DESIGN §4), JSONL, one object per turn:
 
     {"group": int|str, "prompt": str | [chat messages], "reasoning": str,
      "reward": float?, "episode": int|str?, "turn": int?,
-     "prompt_ids": [int]?, "response_ids": [int]?, "reasoning_span": [start, end]?, "tokenizer": str?}
+     "prompt_ids": [int]?, "response_ids": [int]?, "reasoning_span": [start, end]?, "tokenizer": str?,
+     "memory": bool?}
+
+`memory: true` marks a memory note (a turn in which the agent summarised its history): its `reasoning` is
+the note, and its prompt the history it was written from, ending where the note starts (`<memory>` in
+ragen2's layout). `ragen2 diagnose --scheme memory` scores these records; the other schemes leave them out.
 
 `ragen2 train` writes this to `rollouts/step_N.jsonl` (plus `response`, `logprobs` and `role`, not
 read here). The token ids come as a set: the ids of the prompt, of the response and the [start, end)
@@ -60,6 +65,7 @@ class Record:
     turn: int | None = None
     prefix: str | None = None  # text between the rendered input and the reasoning; None: see offline.render_prompt
     tokens: Tokens | None = None  # the ids the model saw and sampled, when the file recorded them
+    memory: bool = False  # a memory note: `reasoning` is the note, `prompt` the history it summarises
 
 
 @dataclass
@@ -181,7 +187,11 @@ def _record(n: int, obj: Any) -> Record:
         raise _BadRow(f"'episode' must be an int, a string or null, got {episode!r}")
     if turn is not None and (isinstance(turn, bool) or not isinstance(turn, int) or turn < 0):
         raise _BadRow(f"'turn' must be an integer >= 0 or null, got {turn!r}")
-    return Record(n, group, _prompt(obj["prompt"]), obj["reasoning"], reward, episode, turn, tokens=_tokens(obj))
+    memory = obj.get("memory") or False
+    if not isinstance(memory, bool):
+        raise _BadRow(f"'memory' must be true, false or null, got {memory!r}")
+    return Record(n, group, _prompt(obj["prompt"]), obj["reasoning"], reward, episode, turn, tokens=_tokens(obj),
+                  memory=memory)
 
 
 def _tokens(obj: dict[str, Any]) -> Tokens | None:

@@ -17,6 +17,7 @@ alone.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import textwrap
@@ -522,6 +523,20 @@ FIGURES = (  # success first: whether the run learned is the report's first ques
         "Collapse diagnostics",
         tuple(f"{p}/{m}" for p in (_FIRST, _TRAJ) for m in ("retrieval_acc", "mi_zscore_ema")),
         _draw_collapse,
+    ),
+    dataclasses.replace(  # memory runs only (rollout.memory=summary): the notes beside the reasoning
+        _line_spec("memory", "Memory notes: MI proxies beside the reasoning's, and what the notes cost", [
+            ("Retrieval-Acc", [("collapse_memory/retrieval_acc", "memory notes"),
+                               ("collapse_memory/chance_level", "notes' chance level"),
+                               ("collapse_trajectory/retrieval_acc", "reasoning (trajectory)")]),
+            ("MI-ZScore-EMA", [("collapse_memory/mi_zscore_ema", "memory notes"),
+                               ("collapse_trajectory/mi_zscore_ema", "reasoning (trajectory)")]),
+            ("per episode / rate", [("rollout/memory_turns_mean", "notes per episode"),
+                                    ("rollout/memory_valid_rate", "share of notes that parse")]),
+            ("prompt tokens", [("rollout/prompt_tokens_mean", "per turn")]),
+        ]),
+        available=lambda run: any(run.metrics.has(k) for k in ("collapse_memory/num_pairs", "rollout/memory_turns_mean")),
+        needs="collapse_memory/num_pairs or rollout/memory_turns_mean (rollout.memory=summary)", always=False,
     ),
     _line_spec("entropy", "Token entropy", [("nats / token", [("train/entropy", "train/entropy")])]),
     _line_spec("kl", "KL to the reference", [("nats / token", [("train/kl", "train/kl")])]),

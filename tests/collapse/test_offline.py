@@ -292,3 +292,35 @@ def test_reading_never_calls_missing_or_too_few_pairs_chance():
     assert reading({**base, "retrieval_acc": 0.5, "num_pairs": 64.0}).startswith("Retrieval-Acc is within sampling")
     # Smallest M with 1 > c + 2 sqrt(c (1 - c) / M): M > 4c / (1 - c).
     assert [pairs_to_tell_from_chance(c) for c in (1 / 2, 1 / 3, 1 / 8)] == [5, 3, 2]
+
+
+def test_memory_notes_of_another_frameworks_dump_are_their_own_scheme(tmp_path, tiny_tokenizer, tiny_model):
+    """A dump that marks memory segments (`"memory": true`, chat-message prompts): --scheme memory scores the notes,
+    each after its history rendered and opened with <memory>, and the other schemes leave the notes out."""
+    rows = []
+    for g, room in enumerate(["Room A", "Room B", "Room C"]):
+        history = [{"role": "user", "content": f"{room}: the key is at {g}."}]
+        rows += episode(g, g, room, ["go left", "go up"])
+        rows.append({"group": g, "episode": g, "turn": 2, "memory": True, "reasoning": f"key at {g}" if g else "",
+                     "prompt": history + [{"role": "user", "content": "Write a note."}]})
+    rows.append({"group": 9, "prompt": "x", "reasoning": "y", "memory": "yes"})
+    f = read_rollouts(write_jsonl(tmp_path / "dump.jsonl", rows))
+    assert [r.memory for r in f.records].count(True) == 3 and f.skipped[0][0] == 10
+    assert "'memory' must be true, false or null" in f.skipped[0][1]
+    memory = select_pairs(f.records, "memory", 64, np.random.default_rng(0))
+    assert sorted(memory.pairs) == [5, 8] and (memory.considered, memory.empty) == (3, 1)  # room A's note is empty
+    for scheme in ("first_turn", "trajectory", "pairs"):
+        chosen = select_pairs(f.records, scheme, 64, np.random.default_rng(0))
+        assert not any(f.records[i].memory for i in chosen.pairs + chosen.columns), scheme
+    assert render_prompt(f.records[5], tiny_tokenizer).endswith("<|im_start|>assistant\n<memory>")
+    m = diagnose(f, tiny_model, tiny_tokenizer, scheme="memory", micro_batch_size=4).metrics
+    assert (m["num_pairs"], m["num_inputs"]) == (2, 2) and m["valid_thinking_rate"] == pytest.approx(2 / 3)
+
+
+def test_ragen2_records_mark_their_notes(tmp_path, tiny_tokenizer, make_trajectory):
+    from ragen2.evaluate import write_rollout_records
+
+    t = make_trajectory(0, [("Room A", "go left"), ("Room A note", "key at 0"), ("Room A turn 2", "go up")])
+    t.turns[1].memory = True
+    write_rollout_records(tmp_path / "r.jsonl", [t], tiny_tokenizer)
+    assert [r.memory for r in read_rollouts(tmp_path / "r.jsonl").records] == [False, True, False]

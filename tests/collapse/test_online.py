@@ -298,3 +298,34 @@ def test_roles_split_the_trajectory_pairs_by_the_calls_role(tiny_tokenizer, tiny
     plain = OnlineDiagnostics(config(), 0).run(tiny_model, tiny_tokenizer, batch(), 1)
     assert not any(key.startswith("collapse_role/") for key in plain)  # ragen2's own turns carry no role
     assert {k: v for k, v in out.items() if not k.startswith("collapse_role/")} == plain
+
+
+def test_memory_notes_are_scored_against_the_histories_they_summarise(tiny_tokenizer, tiny_model, make_trajectory):
+    """collapse_memory/: each note against the prompts of the drawn notes, equal to mi_metrics of the naive scores;
+    the reasoning schemes draw from the acting turns only, as if the notes were not there."""
+    notes = ["Dragon.", "", "Go left then up.", "The box is right of me."]  # the second is empty
+    with_notes, without = [], []
+    for g, prompt in enumerate(PROMPTS):
+        for k in range(3):
+            turns = [(prompt, REASONINGS[(g + k) % 4]), (prompt + f" Note {k}?", notes[(g + k) % 4]),
+                     (prompt + f" Turn 2 of {k}.", REASONINGS[(g + 2 * k + 1) % 4])]
+            t = make_trajectory(g, turns)
+            t.turns[1].memory = True
+            with_notes.append(t)
+            without.append(make_trajectory(g, [turns[0], turns[2]]))
+    out = OnlineDiagnostics(config(), 0).run(tiny_model, tiny_tokenizer, with_notes, 1)
+    plain = OnlineDiagnostics(config(), 0).run(tiny_model, tiny_tokenizer, without, 1)
+    assert {k: v for k, v in out.items() if not k.startswith("collapse_memory/")} == plain
+    kept = [t.turns[1] for t in with_notes if t.turns[1].reasoning]
+    assert out["collapse_memory/valid_thinking_rate"] == pytest.approx(len(kept) / 9)
+    assert out["collapse_memory/num_pairs"] == out["collapse_memory/num_inputs"] == len(kept) == 7
+    prompts = [turn.prompt_ids for turn in kept]
+    logp = np.array([[score_matrix_naive(tiny_model, None, [p], [reasoning_ids(z)])[0, 0] for p in prompts]
+                     for z in kept])
+    expected = mi_metrics(logp, np.arange(len(kept)), lengths=np.array([len(reasoning_ids(z)) for z in kept]),
+                          input_ids=prompts)
+    for key in ("retrieval_acc", "mi_est", "mi_zscore", "mi_zscore_ema", "cond_entropy", "chance_level"):
+        assert out[f"collapse_memory/{key}"] == pytest.approx(expected[key], abs=1e-4), key
+    assert re.search(r"^\| `collapse_memory/retrieval_acc` \|", METRICS_DOC.read_text(), re.MULTILINE)
+    assert ("MI proxies (memory notes)", ) == tuple(name for name, _ in summary_rows([{"step": 1, **out}])
+                                                    if "memory" in name)
