@@ -143,7 +143,8 @@ def _eval_metrics(summary: dict[str, float], successes: list[bool]) -> dict[str,
         "eval/turns_mean": summary["rollout/turns_mean"],
         "eval/valid_format_rate": summary["rollout/valid_format_rate"],
         "eval/episodes": float(n),
-    }
+    } | {f"eval/{key}": summary[f"rollout/{key}"]  # a policy's rollouts have them, the random agent's not
+         for key in ("prompt_tokens_mean", "memory_turns_mean", "memory_valid_rate") if f"rollout/{key}" in summary}
 
 
 def format_table(rows: dict[str, dict[str, float]]) -> str:

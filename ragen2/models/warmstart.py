@@ -143,7 +143,7 @@ class WarmStartConfig:
     """Per-environment (max_turns, max_actions_per_turn); missing = the two fields above."""
     env_memory: dict[str, tuple[int, int, int]] = field(default_factory=lambda: dict(DEFAULT_ENV_MEMORY))
     """Per-environment memory notes (budget, response tokens, turns kept before a note): its episodes are laid
-    out in every `rollout.memory` mode (`demo_samples`)."""
+    out with the whole history and with these notes (`demo_samples`)."""
     vocab_size: int = 1024
     """Byte-level BPE vocabulary, special and tag tokens included."""
     hidden_size: int = 128
@@ -219,6 +219,8 @@ class WarmStartConfig:
             del settings["sokoban_novice"]
         if not set(self.env_memory) & set(self.envs):  # nor do memory notes change those of other envs
             del settings["env_memory"]
+        for env in set(MEMORY_ENVS) - set(self.envs):  # nor do the settings of envs added after those keys
+            settings["env_turns"].pop(env, None)
         blob = json.dumps({"version": WARMSTART_VERSION, **settings}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
@@ -430,17 +432,15 @@ def demo_samples(
 ) -> tuple[list, list[int]]:
     """Every training sample of `demos` in `tokenizer`'s chat template, and the index in `envs` of each
     one's environment (the SFT loss is averaged per environment). An episode of an env in `env_memory` is
-    laid out in each `rollout.memory` mode, so the policy meets each mode's prompts: the whole history, a
-    window of the turns kept before a note, and the notes a rollout under those settings asks for."""
+    laid out twice: with the whole history, and with the notes a rollout under those settings asks for.
+    Not in a window of recent turns: there the oracle would answer from what the window hides, and a small
+    policy fine-tuned on such guesses stopped reading the colour even where it is shown (docs/memory.md)."""
     samples, env_of_sample = [], []
     for ep in demos:
         entry = ep.env_name + (TOOLS_SUFFIX if ep.tools else "")
         memory = env_memory.get(ep.env_name)
-        layouts = [{}]
-        if memory:
-            layouts += [{"context_turns": memory[2]}, {"memory": MemorySettings(*memory)}]
-        for layout in layouts:
-            for sample in ep.conversation(tokenizer, **layout).samples():
+        for layout in [None, MemorySettings(*memory)] if memory else [None]:
+            for sample in ep.conversation(tokenizer, memory=layout).samples():
                 samples.append(sample)
                 env_of_sample.append(list(envs).index(entry))
     return samples, env_of_sample

@@ -207,7 +207,12 @@ def test_the_two_built_in_warm_starts_cover_every_env_in_its_preset_turn_layout(
         assert config.env_turns[name] == (r.max_turns, r.max_actions_per_turn), name
         notes = (r.memory_budget, r.max_tokens_per_turn, r.context_turns or 1) if r.memory == "summary" else None
         assert config.env_memory.get(name) == notes, name
-    assert ws.make_config(0, {}).key() == ws.make_config(0, {"env_memory": {}}).key()  # notes leave other keys
+    # The corridor's turns and notes leave the keys of the warm starts without it as they were.
+    assert ws.make_config(0, {}).key() == ws.make_config(0, {"env_memory": {}}).key() == "d10ad80ef562"
+    no_corridor = {k: v for k, v in ws.DEFAULT_ENV_TURNS.items() if k != "corridor"}
+    assert ws.make_config(0, {"envs": ("frozenlake",), "env_turns": no_corridor}).key() == "ea5387713e48"
+    assert ws.make_config(0, {"envs": ("corridor",)}).key() != ws.make_config(
+        0, {"envs": ("corridor",), "env_memory": {"corridor": (300, 32, 1)}}).key()
 
 
 def test_policy_settings_apply_to_their_envs_and_give_way_to_explicit_settings(tmp_path):
