@@ -18,7 +18,7 @@ checks; a healthy check re-arms it. `CollapseAlarm.update` is pure bookkeeping o
 dict, so the trainer decides what firing means (`collapse.alarm`: warn, or warn and stop).
 
 The message ends with advice that reads the run (`next_levers`): the next `key=value` overrides
-against template collapse for the run's own filter, regularisers, group size and learning rate,
+against template collapse for the run's own filter, baseline, regularisers, group size and learning rate,
 never a setting the run already has.
 
 A check whose batch could not support the values the rule reads (absent or NaN: fewer than 2
@@ -39,6 +39,9 @@ RV_METRICS = ("reward_variance", "reward_std")  # the filter metrics that rank g
 FILTER_STEP = 0.2  # how far one piece of advice moves a filter's value
 KEEP_FLOOR = 0.5  # top_p, top_p_softmax, top_k: not advised below it, where a step keeps only a few groups
 MIN_P_CEILING = 0.5  # min_p: not advised above it (groups with at least half the best group's variance)
+# Algorithms whose baseline is the whole batch's, and their per-prompt counterpart: the batch baseline gives the
+# groups that all succeed or all fail full-size advantages that only say how hard their prompt was.
+BATCH_BASELINE = {"reinforce_pp": "reinforce_pp_baseline"}
 
 
 @dataclass(frozen=True)
@@ -160,13 +163,16 @@ def next_levers(run: Config) -> list[str]:
 
     The alarm must not advise what the run already does (a run at filter.value=0.9 told to use 0.9
     learns nothing from the message), so every lever is a step from the run's own values: the filter
-    one step stricter toward high reward-variance groups, the KL and entropy coefficients halved,
-    the group doubled, the learning rate halved. A setting already at its limit (a coefficient or
-    learning rate of 0, a filter at its strictest advised value) is left out.
+    one step stricter toward high reward-variance groups, a batch-wide baseline made per-prompt
+    (reinforce_pp), the KL and entropy coefficients halved, the group doubled, the learning rate
+    halved. A setting already at its limit (a coefficient or learning rate of 0, a filter at its
+    strictest advised value) is left out.
     """
     a = run.algo
     levers = [
         _filter_lever(run.filter),
+        (_overrides("algo", a, name=BATCH_BASELINE.get(a.name, a.name)),
+         "a per-prompt baseline: each group's mean return, so a prompt's difficulty is not credited to its reasoning"),
         (_overrides("algo", a, kl_coef=a.kl_coef / 2, entropy_coef=a.entropy_coef / 2),
          "weaker input-agnostic regularisers"),
         (_overrides("rollout", run.rollout, group_size=2 * run.rollout.group_size),
