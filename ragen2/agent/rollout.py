@@ -188,9 +188,13 @@ def conversation(
     """An episode's `Conversation` as the rollout builds it from `cfg` (memory mode, turn format, length cap),
     with the environment's `tools` for native tool calling."""
     fmt = ResponseFormat(think=cfg.enable_think, action_sep=cfg.action_sep)
-    recent = 1 if cfg.context_turns is None else cfg.context_turns
-    window = recent if cfg.memory == "window" else None
+    window = kept_turns(cfg) if cfg.memory == "window" else None
     return Conversation(tokenizer, instruction, window, fmt, cfg.max_model_len, tools, memory_settings(cfg))
+
+
+def kept_turns(cfg: RolloutConfig) -> int:
+    """`rollout.context_turns`, null meaning 1: the turns a window shows, or that a note keeps before it."""
+    return 1 if cfg.context_turns is None else cfg.context_turns
 
 
 def stop_strings(cfg: RolloutConfig) -> tuple[str, ...]:
@@ -202,8 +206,7 @@ def memory_settings(cfg: RolloutConfig) -> MemorySettings | None:
     """The notes' budget and what later prompts keep, for `rollout.memory=summary`; None for the other modes."""
     if cfg.memory != "summary":
         return None
-    recent = 1 if cfg.context_turns is None else cfg.context_turns
-    return MemorySettings(cfg.memory_budget, cfg.max_tokens_per_turn, recent)
+    return MemorySettings(cfg.memory_budget, cfg.max_tokens_per_turn, kept_turns(cfg))
 
 
 def _write_note(
