@@ -1,5 +1,5 @@
-"""A tiny policy that calls tools in Qwen2.5's format, fine-tuned in seconds for the endpoint tests, and the endpoint
-serving it on loopback."""
+"""A tiny policy that calls tools in Qwen2.5's format, fine-tuned in seconds for the endpoint tests, the endpoint
+serving it on loopback, and a record of every HTTP answer the endpoints give (`answers`)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from lookup_policy import ANSWERS, TOOL_CALL, conversations, fit_policy
 from ragen2.agent.backends import HFBackend
 from ragen2.models.tiny import build_tokenizer
 from ragen2.serve.batcher import Batcher
+import ragen2.serve.endpoint as endpoint_module
 from ragen2.serve.endpoint import ChatService, Endpoint, Limits
 
 
@@ -58,3 +59,24 @@ def client(served):
     yield client
     client.close()
     assert statuses and all(status < 400 for status in statuses), f"HTTP statuses: {statuses}"
+
+
+@pytest.fixture
+def answers(monkeypatch) -> list[tuple[str, str, int]]:
+    """(method, path, status) of every HTTP answer of the endpoints started while the test runs."""
+    seen: list[tuple[str, str, int]] = []
+    create_app = endpoint_module.create_app
+
+    def recording_app(service):
+        app = create_app(service)
+
+        @app.middleware("http")
+        async def record(request, call_next):
+            response = await call_next(request)
+            seen.append((request.method, request.url.path, response.status_code))
+            return response
+
+        return app
+
+    monkeypatch.setattr(endpoint_module, "create_app", recording_app)
+    return seen

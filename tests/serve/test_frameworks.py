@@ -27,7 +27,6 @@ from smolagents import FinalAnswerTool  # noqa: E402
 from smolagents import tool as smolagents_tool  # noqa: E402
 from smolagents.models import get_tool_json_schema  # noqa: E402
 
-import ragen2.serve.endpoint as endpoint_module  # noqa: E402
 from ragen2.rl.trainer import train  # noqa: E402
 from test_agent_training import agent_config  # noqa: E402
 
@@ -49,27 +48,6 @@ def framework_policy(tool_tokenizer, tmp_path_factory) -> Path:
     first_calls = [pair for tools in declared for pair in conversations(tool_tokenizer, tools)[::3]]
     pairs = conversations(tool_tokenizer) + first_calls
     return fit_policy(tool_tokenizer, pairs, tmp_path_factory.mktemp("framework_policy"))
-
-
-@pytest.fixture
-def answers(monkeypatch) -> list[tuple[str, str, int]]:
-    """(method, path, status) of every HTTP answer of the endpoints started while the test runs."""
-    seen: list[tuple[str, str, int]] = []
-    create_app = endpoint_module.create_app
-
-    def recording_app(service):
-        app = create_app(service)
-
-        @app.middleware("http")
-        async def record(request, call_next):
-            response = await call_next(request)
-            seen.append((request.method, request.url.path, response.status_code))
-            return response
-
-        return app
-
-    monkeypatch.setattr(endpoint_module, "create_app", recording_app)
-    return seen
 
 
 @pytest.mark.parametrize("function", [

@@ -26,7 +26,6 @@ from minisweagent.agents.default import DefaultAgent  # noqa: E402
 from minisweagent.models.test_models import DeterministicModel, make_output  # noqa: E402
 from minisweagent.utils.serialize import recursive_merge  # noqa: E402
 
-import ragen2.serve.endpoint as endpoint_module  # noqa: E402
 from ragen2.coding import RepoTask, Workspace  # noqa: E402
 from ragen2.coding.mini_swe_agent import SandboxEnvironment, default_config  # noqa: E402
 from ragen2.coding.workspace import TASKS_DIR  # noqa: E402
@@ -111,27 +110,6 @@ def swe_policy(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("swe_policy")
     fine_tune(tokenizer, rows, steps=300, lr=3e-3, path=path)  # 80 steps: most replies do not parse
     return path
-
-
-@pytest.fixture
-def answers(monkeypatch) -> list[tuple[str, str, int]]:
-    """(method, path, status) of every HTTP answer of the endpoints started while the test runs."""
-    seen: list[tuple[str, str, int]] = []
-    create_app = endpoint_module.create_app
-
-    def recording_app(service):
-        app = create_app(service)
-
-        @app.middleware("http")
-        async def record(request, call_next):
-            response = await call_next(request)
-            seen.append((request.method, request.url.path, response.status_code))
-            return response
-
-        return app
-
-    monkeypatch.setattr(endpoint_module, "create_app", recording_app)
-    return seen
 
 
 def test_mini_swe_agent_trains_two_steps_with_its_commands_in_the_sandbox(swe_policy, answers, tmp_path,
