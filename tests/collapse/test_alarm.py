@@ -242,5 +242,5 @@ def test_filter_lever_is_the_next_stricter_setting(settings, advised):
 def test_a_batch_wide_baseline_is_told_to_use_the_prompts_own():
     """REINFORCE++ whitens returns over the batch: groups that all succeed or all fail get full-size advantages
     that only say how hard their prompt was. The advice names its per-prompt form; GRPO's baseline is per-prompt."""
-    assert "algo.name=reinforce_pp_baseline" in overrides(next_levers(load_config("collapse")), "algo.")
+    assert "algo.name=reinforce_pp_baseline" in overrides(next_levers(load_config("frozenlake-reinforce_pp")), "algo.")
     assert not any(lever.startswith("algo.name") for lever in overrides(next_levers(bandit())))
