@@ -1126,7 +1126,7 @@ def demo_table(sweep: Sweep) -> list[str]:
 
 DEMO_COLLAPSE_TITLE = "Collapse you can watch (the `collapse` preset): MI falls first while entropy holds"
 DEMO_ALARM_TITLE = "Collapse you can watch: the alarm fires before success falls"
-DEMO_MECHANISM_TITLE = "Collapse you can watch: the zero-signal groups' regulariser drives the update"
+DEMO_MECHANISM_TITLE = "Collapse you can watch: the regulariser's share of the gradient rises as MI falls"
 DEMO_FILTER_TITLE = "Collapse you can watch: the SNR-aware filter prevents it"
 
 
