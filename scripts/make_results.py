@@ -40,6 +40,7 @@ import yaml
 from matplotlib.figure import Figure
 from scipy.stats import rankdata, spearmanr
 
+from ragen2.report.collapse_demo import early_late
 from ragen2.sweep import GRID_FILE, STATUS_FILE, mean_se, read_grid, read_sweep, series
 from ragen2.tracking import read_events
 
@@ -205,12 +206,6 @@ def collect(sweeps_dir: Path, data_dir: Path, model_figures: bool = True, rv_gro
 
 
 # ----------------------------------------------------------------------------- statistics
-
-
-def early_late(values: np.ndarray) -> tuple[float, float]:
-    """Mean of the first and of the last quarter of a series (at least one point each)."""
-    k = max(1, len(values) // 4)
-    return float(values[:k].mean()), float(values[-k:].mean())
 
 
 def change(run: Run, key: str) -> float:
