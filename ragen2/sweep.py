@@ -18,6 +18,8 @@ is one run of `ragen2 train` in its own directory, named from its values:
     warmstart:                                # optional: the policy of every run, warm-started
       envs: [frozenlake]                      # (and cached) before the first run starts;
       steps: 700                              # keys of ragen2.models.warmstart.WarmStartConfig
+    environment:                              # optional: environment variables of every run's process
+      ATEN_CPU_CAPABILITY: default            # e.g. torch's other CPU kernels (another float rounding)
 
 `warmstart` lets an experiment bring its own policy, e.g. one warm-started only part of the way
 so that RL has room to improve it: the sweep builds it like `ragen2 warmstart` (once; cached by
@@ -68,7 +70,7 @@ from ragen2.tracking import read_metrics
 
 log = logging.getLogger(__name__)
 
-SPEC_KEYS = ("description", "preset", "base", "axes", "seeds", "exclude", "warmstart")
+SPEC_KEYS = ("description", "preset", "base", "axes", "seeds", "exclude", "warmstart", "environment")
 GRID_FILE = "sweep.json"  # the expanded grid, written next to the run directories
 STATUS_FILE = "sweep_run.json"  # in a run directory: how its last training process ended
 LOG_FILE = "train.log"  # in a run directory: the training process's stdout and stderr
@@ -108,6 +110,7 @@ class Spec:
     seeds: list[int]
     exclude: list[dict[str, str]]
     warmstart: dict[str, Any] | None = None  # WarmStartConfig settings (and `device`) of the runs' policy
+    environment: dict[str, str] = field(default_factory=dict)  # environment variables set in every run's process
 
     def points(self, overrides: dict[str, Any] | None = None, seeds: Sequence[int] | None = None) -> list[Point]:
         """Every grid point that no `exclude` entry matches; seeds vary slowest, so a partial
@@ -178,6 +181,11 @@ def load_spec(path: Path) -> Spec:
     warmstart = data.get("warmstart")
     if warmstart is not None:
         warmstart = _check_warmstart(path, warmstart)
+    environment = data.get("environment") or {}
+    if not (isinstance(environment, dict) and all(isinstance(v, (str, int, float)) and not isinstance(v, bool)
+                                                   for v in environment.values())):
+        raise ConfigError(f"{path}: environment must map variable names to strings or numbers, "
+                          "e.g. {ATEN_CPU_CAPABILITY: default}")
     return Spec(
         name=path.stem,
         description=str(data.get("description", "")).strip(),
@@ -187,6 +195,7 @@ def load_spec(path: Path) -> Spec:
         seeds=list(seeds),
         exclude=[{str(k): _yaml_value(v) for k, v in e.items()} for e in exclude],
         warmstart=warmstart,
+        environment={str(k): str(v) for k, v in environment.items()},
     )
 
 
@@ -313,7 +322,7 @@ def run_sweep(
     todo = [p for p in points if actions[p.name] != "skip"]
     log.info("sweep %s: %d runs, %d finished, %d to run, %d at a time x %d thread(s)",
              spec.name, len(points), len(points) - len(todo), len(todo), jobs, threads)
-    env = os.environ | {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    env = os.environ | spec.environment | {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     running: list[tuple[Point, subprocess.Popen, float, Any]] = []
     queue = list(todo)
     while queue or running:
@@ -351,13 +360,14 @@ def _launch(point: Point, run_dir: Path, action: str, python: str, env: dict[str
 
 
 def _write_grid(out: Path, spec: Spec, points: Sequence[Point]) -> None:
+    prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in spec.environment.items())
     grid = {
         "spec": spec.name,
         "description": spec.description,
         "axes": list(spec.axes),
         "runs": [
             {"name": p.name, "labels": p.labels, "seed": p.seed,
-             "command": "ragen2 train " + shlex.join(p.train_args(out / p.name))}
+             "command": prefix + "ragen2 train " + shlex.join(p.train_args(out / p.name))}
             for p in points
         ],
     }

@@ -72,6 +72,7 @@ def test_grid_expansion_names_overrides_and_exclusions(tmp_path):
         ({"warmstart": {"base": "smollm2-135m", "hidden_size": 64}}, r"unknown warmstart key 'hidden_size'"),
         ({"warmstart": {"base": "smollm2-135m", "lora_rank": -1}}, r"--lora-rank -1 is not allowed"),
         ({"warmstart": {"envs": ["bandit"], "lora_rank": 4}}, r"unknown warmstart key 'lora_rank'"),
+        ({"environment": ["ATEN_CPU_CAPABILITY=default"]}, r"environment must map variable names to strings"),
     ],
 )
 def test_bad_specs_refused(tmp_path, spec, message):
@@ -138,6 +139,7 @@ def tiny_sweep(tmp_path_factory, save_random_policy):
             "traj": {"filter.strategy": "none", "filter.include_zero": True, "filter.trajectory_keep": 0.5},
         }},
         "seeds": [3],
+        "environment": {"ATEN_CPU_CAPABILITY": "default"},
     })
     out = root / "out"
     actions = sweep.run_sweep(spec, out, jobs=min(2, sweep.available_cores()), threads=1)
@@ -174,7 +176,10 @@ def test_sweep_runs_every_point_and_tables_match_the_metrics(tiny_sweep):
     csv_lines = (out / "sweep.csv").read_text().splitlines()
     assert csv_lines[0].startswith("run,filter,seed,status,steps,initial_success") and len(csv_lines) == 3
     grid = json.loads((out / sweep.GRID_FILE).read_text())
-    assert grid["runs"][0]["command"].startswith("ragen2 train bandit ")
+    assert grid["runs"][0]["command"].startswith("ATEN_CPU_CAPABILITY=default ragen2 train bandit ")
+    # The spec's environment reaches every run's process: torch there chose the portable kernels.
+    logs = [(out / n / sweep.LOG_FILE).read_text() for n in names]
+    assert all("default kernels (ATEN_CPU_CAPABILITY)" in log for log in logs), logs[0][:3000]
 
 
 def test_second_call_skips_finished_and_resumes_interrupted(tiny_sweep):

@@ -158,7 +158,8 @@ def _build_run(config: Config, run_dir: Path, checkpoint: Checkpoint | None) -> 
     policy, tokenizer = load_trainable_policy(config, device, checkpoint)
     threads, why = set_cpu_threads(config.model.cpu_threads, policy.num_parameters(), local_processes(config))
     if distributed.is_main() and device.type == "cpu":
-        log.info("torch on %d CPU thread%s per process (%s)", threads, "s" if threads > 1 else "", why)
+        log.info("torch on %d CPU thread%s per process (%s), %s kernels (ATEN_CPU_CAPABILITY)", threads,
+                 "s" if threads > 1 else "", why, torch.backends.cpu.get_cpu_capability().lower())
     critic = None
     if config.algo.name == "ppo":
         source = checkpoint.critic_path if checkpoint else None
