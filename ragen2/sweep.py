@@ -31,7 +31,9 @@ in it fine-tunes on a GPU. With `base: MODEL` it fine-tunes that pretrained mode
 run of algo.name=ppo, filter=paper, seed 1 lives in `OUT/algo.name=ppo__filter=paper__seed=1`.
 
 Running is resumable: a run whose training process exited 0 is skipped, one with a checkpoint
-is continued with `ragen2 train --resume`, anything else is started afresh. Every point's
+is continued with `ragen2 train --resume`, anything else is started afresh. Ctrl-C or SIGTERM to the
+sweep stops its runs as Ctrl-C stops `ragen2 train` (at a complete step, checkpointed), waits for
+them and exits; a second Ctrl-C stops them at once. Every point's
 config is resolved and validated before the first run starts, and a directory holding a run
 with another config is refused rather than mixed in. `jobs` runs go at once as subprocesses,
 each with OMP_NUM_THREADS set so that jobs x threads never exceeds the cores: torch threads
@@ -44,6 +46,7 @@ grid point) are read back from each run's metrics.jsonl, so they are exactly wha
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import itertools
 import json
@@ -52,10 +55,12 @@ import math
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -325,23 +330,69 @@ def run_sweep(
     env = os.environ | spec.environment | {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     running: list[tuple[Point, subprocess.Popen, float, Any]] = []
     queue = list(todo)
-    while queue or running:
-        while queue and len(running) < jobs:
-            point = queue.pop(0)
-            running.append(_launch(point, out / point.name, actions[point.name], python, env))
-        time.sleep(0.2)
-        for item in [r for r in running if r[1].poll() is not None]:
-            point, proc, start, handle = item
-            handle.close()
-            running.remove(item)
-            seconds = time.perf_counter() - start
-            (out / point.name / STATUS_FILE).write_text(
-                json.dumps({"returncode": proc.returncode, "seconds": round(seconds, 1), "command": proc.args}) + "\n"
-            )
-            actions[point.name] = "done" if proc.returncode == 0 else f"failed (rc {proc.returncode})"
-            log.info("%s: %s in %.0f s", point.name, actions[point.name], seconds)
-    write_tables(out)
+    with _stop_on_sigterm():
+        try:
+            while queue or running:
+                while queue and len(running) < jobs:
+                    point = queue.pop(0)
+                    running.append(_launch(point, out / point.name, actions[point.name], python, env))
+                time.sleep(0.2)
+                for item in [r for r in running if r[1].poll() is not None]:
+                    running.remove(item)
+                    _finish(item, out, actions)
+        except KeyboardInterrupt:
+            _interrupt(running, out, actions)
+            raise
+        finally:
+            write_tables(out)
     return actions
+
+
+def _finish(item: tuple[Point, subprocess.Popen, float, Any], out: Path, actions: dict[str, str]) -> None:
+    """Record a run's exit: its status file (exit code, wall time, command) and its action."""
+    point, proc, start, handle = item
+    handle.close()
+    seconds = time.perf_counter() - start
+    (out / point.name / STATUS_FILE).write_text(
+        json.dumps({"returncode": proc.returncode, "seconds": round(seconds, 1), "command": proc.args}) + "\n"
+    )
+    actions[point.name] = "done" if proc.returncode == 0 else f"failed (rc {proc.returncode})"
+    log.info("%s: %s in %.0f s", point.name, actions[point.name], seconds)
+
+
+def _interrupt(running: list[tuple[Point, subprocess.Popen, float, Any]], out: Path, actions: dict[str, str]) -> None:
+    """Ctrl-C or SIGTERM to the sweep: each running run gets one Ctrl-C (it checkpoints its last complete step, as
+    `ragen2 train` does) and is waited for; a second Ctrl-C passes on to them, which then stop at once."""
+    log.warning("sweep interrupted: stopping %d run(s) at their next complete step; call the sweep again to resume",
+                len(running))
+    for _, proc, _, _ in running:
+        proc.send_signal(signal.SIGINT)
+    for item in running:
+        while True:
+            try:
+                item[1].wait()
+                break
+            except KeyboardInterrupt:
+                item[1].send_signal(signal.SIGINT)
+        _finish(item, out, actions)
+        actions[item[0].name] = "interrupted"
+
+
+@contextlib.contextmanager
+def _stop_on_sigterm() -> Iterator[None]:
+    """SIGTERM (`kill`, a scheduler's preemption) stops the sweep as Ctrl-C does; handlers need the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _launch(point: Point, run_dir: Path, action: str, python: str, env: dict[str, str]):
@@ -355,7 +406,8 @@ def _launch(point: Point, run_dir: Path, action: str, python: str, env: dict[str
     handle.write(f"$ {shlex.join(command)}\n")
     handle.flush()
     log.info("%s %s", action, point.name)
-    proc = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env)
+    # Its own session: a Ctrl-C at the terminal reaches the sweep alone, which passes exactly one to each run.
+    proc = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     return point, proc, time.perf_counter(), handle
 
 

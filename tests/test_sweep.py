@@ -6,6 +6,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -270,3 +271,40 @@ def test_spec_warmstart_with_a_base_fine_tunes_that_model(tmp_path, monkeypatch,
     assert sweep.warmstart_policy(spec.warmstart, build=True) == expected
     info = json.loads((expected / "warmstart.json").read_text())
     assert info["base"] == str(tmp_path / "base") and info["settings"]["lora_rank"] == 2
+
+
+def test_sigterm_stops_the_sweep_and_its_runs_which_checkpoint_and_resume(tmp_path, save_random_policy):
+    """`kill` of the sweep reaches its runs too (each in its own session, so the sweep passes the signal on): each
+    stops at a complete step with a checkpoint, no process is left training, and the next call resumes them."""
+    save_random_policy(tmp_path / "policy")
+    spec = write_spec(tmp_path / "long.yaml", {
+        "preset": "bandit",
+        "base": {"model.path": str(tmp_path / "policy"), "model.device": "cpu", "rollout.num_groups": 2,
+                 "rollout.group_size": 2, "rollout.max_tokens_per_turn": 8, "trainer.total_steps": 10000,
+                 "trainer.eval_every": 0, "trainer.save_every": 0, "collapse.enable": False,
+                 "logging.tensorboard": False, "filter.strategy": "none", "filter.include_zero": True},
+        "seeds": [0],
+    })
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "ragen2", "sweep", str(spec), "--out", str(out), "--threads", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    metrics = out / "seed=0" / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 2) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    proc.terminate()
+    output = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 130, output
+    assert "call the sweep again to resume" in output
+    training = [p for p in Path("/proc").glob("[0-9]*") if _cmdline(p).count(str(out / "seed=0"))]
+    assert not training, [_cmdline(p) for p in training]
+    steps = len(metrics.read_text().splitlines())
+    assert sweep.plan(sweep.load_spec(spec).points()[0], out / "seed=0") == "resume" and steps < 10000
+    assert json.loads((out / "seed=0" / sweep.STATUS_FILE).read_text())["returncode"] == 130
+
+
+def _cmdline(proc_dir: Path) -> str:
+    try:
+        return (proc_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
