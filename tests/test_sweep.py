@@ -240,16 +240,21 @@ def test_spec_warmstart_builds_the_policy_once_and_every_run_uses_it(tmp_path, m
     assert Path(config["model"]["path"]) == policies[0]
 
 
-def test_running_some_seeds_keeps_the_whole_grid_in_the_tables(tmp_path, save_random_policy):
-    save_random_policy(tmp_path / "policy")
-    spec = write_spec(tmp_path / "two_seeds.yaml", {
+def small_bandit_spec(path: Path, policy: Path, total_steps: int, seeds: list[int]) -> Path:
+    """A spec of Bandit runs of `total_steps` tiny steps with the random test policy, nothing else computed."""
+    return write_spec(path, {
         "preset": "bandit",
-        "base": {"model.path": str(tmp_path / "policy"), "model.device": "cpu", "rollout.num_groups": 2,
-                 "rollout.group_size": 2, "rollout.max_tokens_per_turn": 8, "trainer.total_steps": 1,
+        "base": {"model.path": str(policy), "model.device": "cpu", "rollout.num_groups": 2,
+                 "rollout.group_size": 2, "rollout.max_tokens_per_turn": 8, "trainer.total_steps": total_steps,
                  "trainer.eval_every": 0, "trainer.save_every": 0, "collapse.enable": False,
                  "logging.tensorboard": False, "filter.strategy": "none", "filter.include_zero": True},
-        "seeds": [0, 1],
+        "seeds": seeds,
     })
+
+
+def test_running_some_seeds_keeps_the_whole_grid_in_the_tables(tmp_path, save_random_policy):
+    save_random_policy(tmp_path / "policy")
+    spec = small_bandit_spec(tmp_path / "two_seeds.yaml", tmp_path / "policy", 1, [0, 1])
     out = tmp_path / "out"
     assert sweep.run_sweep(spec, out, threads=1, seeds=[1]) == {"seed=1": "done"}
     # Two processes may each run some of the seeds: the grid, and so the tables, still list every run.
@@ -277,14 +282,7 @@ def test_sigterm_stops_the_sweep_and_its_runs_which_checkpoint_and_resume(tmp_pa
     """`kill` of the sweep reaches its runs too (each in its own session, so the sweep passes the signal on): each
     stops at a complete step with a checkpoint, no process is left training, and the next call resumes them."""
     save_random_policy(tmp_path / "policy")
-    spec = write_spec(tmp_path / "long.yaml", {
-        "preset": "bandit",
-        "base": {"model.path": str(tmp_path / "policy"), "model.device": "cpu", "rollout.num_groups": 2,
-                 "rollout.group_size": 2, "rollout.max_tokens_per_turn": 8, "trainer.total_steps": 10000,
-                 "trainer.eval_every": 0, "trainer.save_every": 0, "collapse.enable": False,
-                 "logging.tensorboard": False, "filter.strategy": "none", "filter.include_zero": True},
-        "seeds": [0],
-    })
+    spec = small_bandit_spec(tmp_path / "long.yaml", tmp_path / "policy", 10000, [0])
     out = tmp_path / "out"
     proc = subprocess.Popen([sys.executable, "-m", "ragen2", "sweep", str(spec), "--out", str(out), "--threads", "1"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
