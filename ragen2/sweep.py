@@ -348,7 +348,8 @@ def run_sweep(
     return actions
 
 
-def _finish(item: tuple[Point, subprocess.Popen, float, Any], out: Path, actions: dict[str, str]) -> None:
+def _finish(item: tuple[Point, subprocess.Popen, float, Any], out: Path, actions: dict[str, str],
+            interrupted: bool = False) -> None:
     """Record a run's exit: its status file (exit code, wall time, command) and its action."""
     point, proc, start, handle = item
     handle.close()
@@ -356,7 +357,8 @@ def _finish(item: tuple[Point, subprocess.Popen, float, Any], out: Path, actions
     (out / point.name / STATUS_FILE).write_text(
         json.dumps({"returncode": proc.returncode, "seconds": round(seconds, 1), "command": proc.args}) + "\n"
     )
-    actions[point.name] = "done" if proc.returncode == 0 else f"failed (rc {proc.returncode})"
+    actions[point.name] = ("done" if proc.returncode == 0 else "interrupted" if interrupted
+                           else f"failed (rc {proc.returncode})")
     log.info("%s: %s in %.0f s", point.name, actions[point.name], seconds)
 
 
@@ -374,8 +376,7 @@ def _interrupt(running: list[tuple[Point, subprocess.Popen, float, Any]], out: P
                 break
             except KeyboardInterrupt:
                 item[1].send_signal(signal.SIGINT)
-        _finish(item, out, actions)
-        actions[item[0].name] = "interrupted"
+        _finish(item, out, actions, interrupted=True)
 
 
 @contextlib.contextmanager

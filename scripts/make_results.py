@@ -211,12 +211,16 @@ def collect(sweeps_dir: Path, data_dir: Path, model_figures: bool = True, rv_gro
 # ----------------------------------------------------------------------------- statistics
 
 
+def levels(run: Run, key: str) -> tuple[float, float]:
+    """Early and late level of a metric over one run, the means of its first and last quarter (NaN, NaN when it was
+    never logged)."""
+    _, values = run.series(key)
+    return early_late(values) if len(values) else (math.nan, math.nan)
+
+
 def change(run: Run, key: str) -> float:
     """Late minus early level of a metric over one run (NaN when it was never logged)."""
-    _, values = run.series(key)
-    if len(values) == 0:
-        return math.nan
-    early, late = early_late(values)
+    early, late = levels(run, key)
     return late - early
 
 
@@ -1325,12 +1329,6 @@ MEMORY_PAPER = "not in the paper (ragen2's trained context memory, docs/memory.m
 NOTE_AS_GOOD = 0.05  # "the note is as good as the history": summary's final success within this of full's
 
 
-def late(run: Run, key: str) -> float:
-    """The mean of the last quarter of a run's logged values of `key` (NaN when never logged)."""
-    _, values = run.series(key)
-    return early_late(values)[1] if len(values) else math.nan
-
-
 def run_mean(run: Run, key: str) -> float:
     _, values = run.series(key)
     return float(np.mean(values)) if len(values) else math.nan
@@ -1341,11 +1339,11 @@ MEMORY_HEADER = ["| memory | initial success | final success | prompt tokens per
 
 
 def memory_row(name: str, runs: list[Run]) -> str:
-    retrieval = [fmt([early_late(r.series(key)[1])[i] if len(r.series(key)[1]) else math.nan for r in runs])
+    retrieval = [fmt([levels(r, key)[i] for r in runs])
                  for key, i in ((MEMORY_KEYS[1], 0), (MEMORY_KEYS[1], 1), ("collapse_memory/chance_level", 1))]
     return (f"| {name} | {fmt([r.row['initial_success'] for r in runs])} | {fmt([final_success(r) for r in runs])} | "
             f"{fmt([run_mean(r, 'rollout/prompt_tokens_mean') for r in runs])} | {fmt([r.row['train_step_s'] for r in runs])} | "
-            f"{fmt([r.row['kept_ratio'] for r in runs])} | {'; '.join(retrieval)} | {fmt([late(r, MEMORY_KEYS[0]) for r in runs])} |")
+            f"{fmt([r.row['kept_ratio'] for r in runs])} | {'; '.join(retrieval)} | {fmt([levels(r, MEMORY_KEYS[0])[1] for r in runs])} |")
 
 
 def memory_judge(sweep: Sweep, figures: Path) -> tuple[str, str, list[str]]:
@@ -1358,7 +1356,7 @@ def memory_judge(sweep: Sweep, figures: Path) -> tuple[str, str, list[str]]:
     as_good = math.isfinite(note_gap) and note_gap >= -NOTE_AS_GOOD
     saved, saved_se = difference(tokens.get("full", []), tokens.get("summary", []))
     cheaper = saved > 0 and significant(saved, saved_se)
-    kept = [late(r, MEMORY_KEYS[1]) > late(r, "collapse_memory/chance_level") for r in arms.get("summary", [])]
+    kept = [levels(r, MEMORY_KEYS[1])[1] > levels(r, "collapse_memory/chance_level")[1] for r in arms.get("summary", [])]
     depends = bool(kept) and all(kept)
     verdict = "reproduced" if decides and as_good and cheaper and depends else "partly" if decides else "not reproduced"
     off, off_se = difference(success.get("summary_nofilter", []), success.get("summary", []))
@@ -1415,7 +1413,7 @@ def memory_collapse_claim(sweep: Sweep, figures: Path) -> tuple[str, str, list[s
             f"(nothing trained) it fell in {control} of {len(order.get('paper', []))}")
     rows = [f"| {name} | {steps_text([m for m, _ in pairs])} | {steps_text([s for _, s in pairs])} | "
             f"{fmt([final_success(r) for r in arms[name]])} |" for name, pairs in order.items()]
-    figure = curves(figures / "memory_collapse.png", arms,
+    figure = curves(figures / f"{sweep.name}.png", arms,
                     (("eval/success_rate", "eval success"), (MEMORY_KEYS[0], "notes' MI-ZScore-EMA"),
                      (MEMORY_KEYS[1], "notes' Retrieval-Acc")), "Corridor: notes made to collapse by an entropy bonus")
     return ours, verdict, [
